@@ -1,0 +1,46 @@
+#!/usr/bin/env python
+"""Run a study on this machine with the embedded defaults (local Ray, MLflow on SQLite in the
+study folder, DeepSpeed on CPU):
+
+    python launchers/local.py search_spaces/quickstart.yaml [--study-dir studies/quickstart] [--dry-run]
+
+Exactly `hpt run SPEC --study-dir DIR`, in this process.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+def hpt_args(spec: Path, study_dir: Path | None, tracking_uri: str | None) -> list[str]:
+    args = ["run", str(spec), "--study-dir", str(study_dir or Path("studies") / spec.stem)]
+    if tracking_uri:
+        args += ["--tracking-uri", tracking_uri]
+    return args
+
+
+@app.command()
+def main(
+    spec: Annotated[Path, typer.Argument(metavar="SPEC", exists=True, dir_okay=False, help="Study spec YAML.")],
+    study_dir: Annotated[Optional[Path], typer.Option(help="Study folder; default studies/<spec stem>.")] = None,
+    tracking_uri: Annotated[Optional[str],
+                            typer.Option(help="MLflow server; default SQLite in the study folder.")] = None,
+    dry_run: Annotated[bool, typer.Option(help="Print the hpt command and stop.")] = False,
+) -> None:
+    args = hpt_args(spec, study_dir, tracking_uri)
+    typer.echo("hpt " + shlex.join(args), err=True)
+    if dry_run:
+        return
+    from hptransfer.cli import app as hpt
+
+    hpt(args=args, prog_name="hpt")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,59 @@
+#!/usr/bin/env python
+"""Run a study on an existing Ray cluster through the Ray Jobs API.
+
+    python launchers/ray_cluster.py search_spaces/quickstart.yaml --address http://HEAD:8265 \
+        [--verb run|sweep] [--tracking-uri http://mlflow:5000] [-- extra hpt flags]
+
+The project travels as the job's working_dir (the spec with it), the job's logs stream here,
+and this process exits with the job's exit code. On a token-auth cluster (Ray's default) export
+RAY_AUTH_MODE=token and RAY_AUTH_TOKEN (or keep the token in ~/.ray/auth_token).
+On Kubernetes: `kubectl -n hptransfer port-forward svc/hpt-sweeps-head-svc 8265` first.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from hptransfer.deploy import ray_jobs
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def main(
+    ctx: typer.Context,
+    spec: Annotated[Path, typer.Argument(metavar="SPEC", help="Study spec inside the project.")],
+    address: Annotated[str, typer.Option(envvar="RAY_API_SERVER_ADDRESS",
+                                         help="Ray dashboard / Jobs API, e.g. http://127.0.0.1:8265.")],
+    verb: Annotated[str, typer.Option(help="hpt command to run on the cluster.")] = "run",
+    tracking_uri: Annotated[Optional[str], typer.Option(envvar="MLFLOW_TRACKING_URI",
+                                                        help="MLflow server the job logs to.")] = None,
+    entrypoint: Annotated[Optional[str], typer.Option(
+        help="Run this shell command instead of `hpt VERB SPEC` (same runtime env).")] = None,
+    working_dir: Annotated[Optional[Path],
+                           typer.Option(help="Folder shipped as working_dir; default the project.")] = None,
+    timeout_s: Annotated[Optional[float], typer.Option(help="Stop the job after this many seconds.")] = None,
+) -> None:
+    project = (working_dir or ray_jobs.project_root(spec.resolve().parent)).resolve()
+    try:
+        spec_rel = ray_jobs.spec_in_project(spec, project)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="SPEC") from None
+    if not (project / spec_rel).is_file():
+        raise typer.BadParameter(f"no such file {str(spec)!r}", param_hint="SPEC")
+    env_vars = {"MLFLOW_TRACKING_URI": tracking_uri} if tracking_uri else {}
+    cmd = entrypoint or ray_jobs.hpt_entrypoint(verb, spec_rel, *ctx.args)
+    outcome = ray_jobs.submit_and_follow(
+        address, cmd, ray_jobs.runtime_env(project, env_vars), timeout_s=timeout_s
+    )
+    typer.echo(f"[hptransfer] job {outcome.job_id}: {outcome.status} (exit {outcome.exit_code})"
+               + (f" {outcome.message}" if outcome.status != "SUCCEEDED" else ""), err=True)
+    sys.exit(outcome.exit_code)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,3 @@
+from hptransfer.cli import app
+
+app(prog_name="hpt")

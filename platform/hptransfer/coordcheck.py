@@ -1,0 +1,119 @@
+"""Coordinate check (Tensor Programs V, §"coord check"): train a few Adam steps at several widths
+and watch the average activation size |x| of every layer. Under a correct µP it stays flat in
+width; under SP it grows (Adam's update of a fan_in-wide dot product adds up ∝ width).
+
+We use `mup.coord_check.get_coord_data` (cuda=False; HF modules that return tuples or caches are
+filtered out) and `plot_coord_data`, and turn the curves into a verdict: the slope of
+log |x| against log width at the last step, per module; the check fails when any slope exceeds
+`max_slope` (default 0.25: flat within noise for µP, SP's readout grows with slope ≈ 1).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hptransfer.io import save_figure, write_json
+from hptransfer.spec import StudySpec
+
+# Modules whose forward returns a plain tensor (attention/decoder layers return tuples).
+_TRACKED = re.compile(r"(embed_tokens|embed|prev_embed|[qkvo]_proj|gate_proj|up_proj|down_proj|hidden\.\d+|layernorm|norm|lm_head)$")
+
+
+@dataclass
+class CoordCheckResult:
+    parametrization: str
+    family: str
+    widths: list[int]
+    steps: int
+    max_slope_allowed: float
+    slopes: dict[str, float]  # module -> d log|x| / d log width at the last step
+    worst_module: str
+    worst_slope: float
+    passed: bool
+    files: dict[str, str] = field(default_factory=dict)
+
+
+class _LogitsOnly:
+    """Wrap a model so forward returns logits (mup's loop expects a tensor)."""
+
+    def __new__(cls, model):
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self, m):
+                super().__init__()
+                self.model = m
+
+            def forward(self, x):
+                from hptransfer.models import lm_logits
+
+                return lm_logits(self.model, x)
+
+        return Wrapped(model)
+
+
+def _slope(widths: np.ndarray, values: np.ndarray) -> float:
+    ok = values > 0
+    if ok.sum() < 2:
+        return 0.0
+    return float(np.polyfit(np.log(widths[ok]), np.log(values[ok]), 1)[0])
+
+
+def coord_check(spec: StudySpec, out_dir: str | Path, widths: list[int] | None = None, batch_size: int = 8, seed: int = 0) -> CoordCheckResult:
+    import torch
+    from mup.coord_check import get_coord_data, plot_coord_data
+
+    from hptransfer.data import load_corpus
+    from hptransfer.models import build_model
+
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    cc, m = spec.coord_check, spec.model
+    widths = widths or cc.widths or list(spec.sweep.widths)
+    corpus = load_corpus(spec.data.val_fraction, spec.data.max_files)
+    x, y = corpus.batch("train", 0, batch_size, m.seq_len, seed=seed)
+    batches = [(x, y.reshape(-1))]  # fix_data: the same batch every step, as in mup's own examples
+
+    def factory(w):
+        return lambda: _LogitsOnly(build_model(m, w, base_width=spec.base_width, seed=seed))
+
+    torch.manual_seed(seed)
+    df = get_coord_data(
+        {w: factory(w) for w in widths}, batches, optimizer="adam", lr=cc.lr,
+        mup=m.parametrization == "mup", flatten_output=True, nsteps=cc.steps, nseeds=1, cuda=False, show_progress=False,
+        filter_module_by_name=lambda name: bool(_TRACKED.search(name)),
+    )
+    df["module"] = df["module"].str.removeprefix("model.")
+    last = df[df.t == cc.steps]
+    slopes = {}
+    for module, g in last.groupby("module"):
+        g = g.groupby("width")["l1"].mean()
+        slopes[module] = _slope(g.index.to_numpy(dtype=float), g.to_numpy(dtype=float))
+    worst = max(slopes, key=slopes.get)
+    result = CoordCheckResult(
+        parametrization=m.parametrization, family=m.family, widths=widths, steps=cc.steps,
+        max_slope_allowed=cc.max_slope, slopes=slopes, worst_module=worst,
+        worst_slope=slopes[worst], passed=slopes[worst] <= cc.max_slope,
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fig = plot_coord_data(
+        df, legend=False, suptitle=f"coord check: {m.family}/{m.parametrization}, Adam lr={cc.lr} "
+        f"({'PASS' if result.passed else 'FAIL'}: worst slope {result.worst_slope:.2f} in {worst})",
+    )
+    result.files = {"plot": str(save_figure(fig, out / "coord_check.png")), "data": str(out / "coord_check.json")}
+    write_json(out / "coord_check.json", {**asdict(result), "records": df.to_dict(orient="records")})
+    return result
+
+
+def describe(result: CoordCheckResult) -> str:
+    verdict = "PASS (activations flat in width)" if result.passed else "FAIL (activations grow with width)"
+    return (f"coord check {result.family}/{result.parametrization} over widths {result.widths}: {verdict}; "
+            f"worst slope {result.worst_slope:.2f} ({result.worst_module}) vs allowed {result.max_slope_allowed}"
+            + ("" if result.passed or math.isnan(result.worst_slope) else
+               "; under SP this is expected — use parametrization: mup or a transfer rule for SP"))

@@ -1,0 +1,24 @@
+"""Process-wide settings for side files and offline use, applied once at the edges (CLI, pipeline).
+
+Set only where the user has not: a user's own RAY_TMPDIR or TORCH_EXTENSIONS_DIR wins.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+
+def configure() -> None:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # DeepSpeed's JIT-built ops embed absolute venv paths: one cache per environment.
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    os.environ.setdefault("MPLCONFIGDIR", str(Path(sys.prefix) / "mplconfig"))
+    # Tune otherwise changes each trial's working directory and adds noisy warnings.
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")

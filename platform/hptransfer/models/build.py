@@ -1,0 +1,126 @@
+"""Build a byte-level causal LM of a given width under SP or µP.
+
+µP (Tensor Programs V, via the `mup` package): the model's shapes are compared with a base model
+(width = base_width) and a delta model (2 × base_width) so `mup` knows which dimensions grow; the
+output layer is a `MuReadout` (multiplies its input by output_mult / width_mult, zero init), hidden
+matrices get init std ∝ 1/√fan_in (`mup.init.normal_`), and `MuAdamW` divides their LR by
+width_mult. SP uses the same hidden init (std ∝ 1/√fan_in, equal to µP at the base width) with a
+plain `nn.Linear` readout and one global LR, so the two differ exactly where µP says they should.
+
+Llama: width = n_heads × head_dim with head_dim fixed, so the 1/√head_dim attention scaling is
+already width-independent (µP's 1/d rule matters only when head_dim itself grows).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from hptransfer.data.stdlib_corpus import VOCAB_SIZE
+from hptransfer.spec import ModelSpec
+
+DEFAULT_INIT_STD = 0.02
+
+
+class ByteMLP(nn.Module):
+    """A per-position MLP LM over the current and previous byte: cheap, for fast tests."""
+
+    def __init__(self, width: int, depth: int, vocab: int = VOCAB_SIZE, readout: nn.Module | None = None):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.prev_embed = nn.Embedding(vocab, width)
+        self.hidden = nn.ModuleList(nn.Linear(width, width, bias=False) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.lm_head = readout if readout is not None else nn.Linear(width, vocab, bias=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        prev = torch.nn.functional.pad(input_ids[:, :-1], (1, 0))
+        h = self.embed(input_ids) + self.prev_embed(prev)
+        for layer in self.hidden:
+            h = h + torch.nn.functional.gelu(layer(h))
+        return self.lm_head(self.norm(h))
+
+
+def _llama(spec: ModelSpec, width: int, readout: nn.Module | None):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=width,
+        intermediate_size=int(round(spec.ffn_mult * width)),
+        num_hidden_layers=spec.depth,
+        num_attention_heads=width // spec.head_dim,
+        num_key_value_heads=width // spec.head_dim,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.seq_len,
+        tie_word_embeddings=False,  # µP needs its own readout; tying also breaks Opacus ghost clipping
+        use_cache=False,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg)
+    if readout is not None:
+        model.lm_head = readout
+    return model
+
+
+def _raw(spec: ModelSpec, width: int, mup: bool):
+    readout = None
+    if mup:
+        from mup import MuReadout
+
+        readout = MuReadout(width, VOCAB_SIZE, bias=False, readout_zero_init=True, output_mult=spec.output_mult)
+    if spec.family == "llama":
+        return _llama(spec, width, readout)
+    return ByteMLP(width, spec.depth, readout=readout)
+
+
+def build_model(spec: ModelSpec, width: int, *, base_width: int, init_std: float = DEFAULT_INIT_STD, seed: int | None = None) -> nn.Module:
+    """The model at `width`; under µP its base shapes are set (every parameter has `.infshape`)."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    mup = spec.parametrization == "mup"
+    model = _raw(spec, width, mup)
+    if mup:
+        from mup import set_base_shapes
+
+        # Base and delta on the meta device: only their shapes are read.
+        with torch.device("meta"):
+            base, delta = _raw(spec, base_width, True), _raw(spec, 2 * base_width, True)
+        set_base_shapes(model, base, delta=delta)
+    _init(model, init_std, base_width, mup)
+    return model
+
+
+@torch.no_grad()
+def _init(model: nn.Module, std: float, base_width: int, mup: bool) -> None:
+    from mup import MuReadout
+    from mup.init import normal_ as mup_normal_
+
+    for name, module in model.named_modules():
+        if isinstance(module, MuReadout):
+            if module.readout_zero_init:
+                module.weight.zero_()
+            else:
+                mup_normal_(module.weight, std=std)
+        elif isinstance(module, nn.Linear):
+            if mup:
+                mup_normal_(module.weight, std=std)  # std / √width_mult for matrix-like weights
+            else:
+                module.weight.normal_(0.0, std * math.sqrt(base_width / module.in_features))
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, nn.Embedding):
+            module.weight.normal_(0.0, std)
+
+
+def lm_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """Logits [B, T, V] from either family (HF models return an output object)."""
+    out = model(input_ids)
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def param_count(model: nn.Module, non_embedding: bool = False) -> int:
+    return sum(p.numel() for n, p in model.named_parameters() if not (non_embedding and "embed" in n))

@@ -1,0 +1,243 @@
+"""`hpt report STUDY_DIR`: one HTML page a user can open or attach, built from the study folder.
+
+Reads only files the pipeline wrote (pipeline.py's docstring lists them) and writes
+
+  study_dir/report/index.html      the page (no scripts, no external assets)
+  study_dir/report/*.png           its figures, referenced by relative path
+
+so the `report/` folder is self-contained: zip it, mail it, or log it to MLflow (done here when a
+tracking URI is given: as artifacts `report/` of the study's sweep parent run). A stage that has not
+run yet leaves its section saying which command produces it; nothing here trains or sweeps.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import shutil
+from html import escape
+from pathlib import Path
+from typing import Any, Callable
+
+REPORT_DIR, INDEX = "report", "index.html"
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.92em} td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
+th{background:#f4f4f4} td.l,th.l{text-align:left} tr.chosen td{background:#e8f4e8;font-weight:600}
+.warn{background:#fff6e0;border-left:4px solid #e0a000;padding:.5em 1em} .ok{background:#eaf6ea;border-left:4px solid #3a3;padding:.5em 1em}
+.bad{color:#b00;font-weight:600} .muted{color:#777} img{max-width:100%;border:1px solid #eee}
+code{background:#f4f4f4;padding:0 .25em}
+"""
+
+
+def _g(x: Any, fmt: str = ".4g") -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, (int, float)):
+        return "—" if isinstance(x, float) and not math.isfinite(x) else format(x, fmt)
+    return escape(str(x))
+
+
+def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None, left: int = 1) -> str:
+    """Cells are already-escaped HTML; the first `left` columns are left-aligned."""
+    th = "".join(f'<th class="{"l" if i < left else ""}">{escape(h)}</th>' for i, h in enumerate(header))
+    body = []
+    for j, r in enumerate(rows):
+        cls = f' class="{classes[j]}"' if classes and classes[j] else ""
+        body.append(f"<tr{cls}>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>' for i, c in enumerate(r)) + "</tr>")
+    return f"<table><tr>{th}</tr>{''.join(body)}</table>"
+
+
+def _missing(what: str, command: str) -> str:
+    return f'<p class="muted">{escape(what)} not found — produced by <code>{escape(command)}</code>.</p>'
+
+
+def _img(name: str, alt: str) -> str:
+    return f'<p><img src="{escape(name)}" alt="{escape(alt)}"></p>'
+
+
+def _read_json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+# --- sections ------------------------------------------------------------------------------------
+
+def _summary(spec, plan, final: dict | None) -> str:
+    rows = [["family / parametrization", f"{_g(spec.model.family)} / {_g(spec.model.parametrization)}"],
+            ["depth, head_dim, seq_len", f"{spec.model.depth}, {spec.model.head_dim}, {spec.model.seq_len}"],
+            ["width ladder", _g(spec.sweep.widths)],
+            ["grid", _g(json.dumps(spec.sweep.grid))],
+            ["fixed", _g(json.dumps(spec.sweep.fixed))],
+            ["sweep steps × batch, seeds", f"{spec.sweep.steps} × {spec.sweep.batch_size}, {_g(spec.sweep.seeds)}"],
+            ["transfer rule", f"<code>{_g(spec.transfer.rule)}</code>"],
+            ["target width (× widest swept)", f"{spec.target.width} ({spec.target.width / spec.sweep.widths[-1]:.3g}×)"]]
+    out = "<h2>Study</h2>" + _table(["", ""], rows, left=2)
+    if plan is None:
+        return out + _missing("transfer_plan.yaml", "hpt transfer --study-dir STUDY_DIR")
+    hp_rows = [[escape(k), _g(v)] for k, v in plan.hyperparameters.items()]
+    out += "<h2>Transferred hyperparameters</h2>" + _table(["hyperparameter", "target value"], hp_rows)
+    if plan.param_group_multipliers and plan.model.parametrization == "mup":
+        out += ('<p class="muted">µP: values are base-width values; per-group factors '
+                + escape(json.dumps(plan.param_group_multipliers)) + "</p>")
+    d = plan.diagnostics
+    res = [["predicted target loss (loss-vs-width fit)", _g(d.get("predicted_target_loss"))]]
+    if final:
+        res += [["target val loss (measured)", f"<b>{_g(final.get('val_loss'))}</b>"],
+                ["target train loss", _g(final.get("train_loss"))],
+                ["steps, status", f"{_g(final.get('step'))}, {_g(final.get('status'))}"],
+                ["wall time (s)", _g(final.get("wall_s"), ".0f")]]
+    out += "<h2>Target run</h2>" + _table(["", ""], res, left=1)
+    if not final:
+        out += _missing("train/train_metrics.json", "hpt train STUDY_DIR/transfer_plan.yaml")
+    return out
+
+
+def _warnings(plan) -> str:
+    if plan is None:
+        return ""
+    warns, notes = plan.diagnostics.get("warnings", []), plan.diagnostics.get("notes", [])
+    box = ('<div class="warn"><b>Warnings</b><ul>' + "".join(f"<li>{escape(w)}</li>" for w in warns) + "</ul></div>"
+           if warns else '<div class="ok">No warnings: optima interior and convex, no drift flagged.</div>')
+    return "<h2>Warnings</h2>" + box + ("<ul>" + "".join(f"<li class=muted>{escape(n)}</li>" for n in notes) + "</ul>" if notes else "")
+
+
+def _diagnostics(plan) -> str:
+    if plan is None:
+        return ""
+    d = plan.diagnostics
+    hp = d.get("primary")
+    rows = []
+    for w, per in d.get("optimum_by_width", {}).items():
+        f = per.get(hp, {})
+        flags = [s for s, on in (("grid edge", f.get("on_edge")), ("not convex", f.get("convex") is False),
+                                 ("capped by divergence", f.get("capped_by_divergence"))) if on]
+        trials = ", ".join(f"{k} {v}" for k, v in d.get("trials_by_width", {}).get(w, {}).items())
+        rows.append([_g(w), _g(f.get("value")), _g(f.get("best_grid_value")), _g(f.get("best_loss")),
+                     _g(f.get("ci") and f"[{f['ci'][0]:.3g}, {f['ci'][1]:.3g}]"), _g(f.get("curvature")),
+                     escape(trials), f'<span class="bad">{escape("; ".join(flags))}</span>' if flags else ""])
+    out = "<h3>Optimum by width</h3>" + _table(
+        ["width", f"{hp}* (fit)", "best grid", "best loss", "CI", "curvature κ", "trials", "flags"], rows)
+    drift, lf = d.get("drift_fit") or {}, d.get("loss_fit") or {}
+    trend = (d.get("optimum_trend") or {}).get(hp, {})
+    fast = d.get("fast_transfer")
+    kv = [["fast transfer (paper 2: β > α/2)", "undecided" if fast is None else _g(fast)],
+          ["test", _g(d.get("fast_transfer_test") or d.get("fast_transfer_undecided"))],
+          [f"trend d log {hp}*/d log n", f"{_g(trend.get('slope'))} ± {_g(trend.get('slope_se'))}"],
+          ["drift law log ν* = x∞ + K·n^−β", f"{_g(drift.get('drift'))}; B={_g(drift.get('B'))}, β={_g(drift.get('beta'))}, "
+                                           f"ν*(∞)={_g(drift.get('value_at_infinity'))}"],
+          ["loss law φ* = φ∞ + A·n^−α", f"φ∞={_g(lf.get('phi_inf'))}, A={_g(lf.get('A'))}, α={_g(lf.get('alpha'))}" if lf else "—"],
+          ["curvature κ at the widest width", _g(d.get("curvature"))],
+          [f"trend {hp}* at the target width", _g(d.get("trend_value_at_target"))],
+          ["predicted penalty of the plan (loss)", _g(d.get("predicted_penalty"))],
+          ["source width", _g(d.get("source_width"))]]
+    return "<h3>Transfer diagnostics</h3>" + _table(["", ""], kv, left=1) + out
+
+
+def _coord(study: Path, out_dir: Path) -> str:
+    data = _read_json(study / "coord_check.json")
+    png = study / "coord_check.png"
+    html = "<h2>Coordinate check</h2>"
+    if png.is_file():
+        shutil.copyfile(png, out_dir / "coord_check.png")
+        html += _img("coord_check.png", "coordinate check: activation size against width")
+    if data is None:
+        return html + _missing("coord_check.json", "hpt coord-check SPEC")
+    verdict = "ok" if data.get("passed") else "warn"
+    html += (f'<div class="{verdict}">{"passed" if data.get("passed") else "FAILED"}: the steepest growth of '
+             f"log|activation| with log width is {_g(data.get('worst_slope'), '.3f')} "
+             f"({escape(str(data.get('worst_module')))}), allowed {_g(data.get('max_slope_allowed'))}; widths "
+             f"{escape(str(data.get('widths')))}, {data.get('steps')} Adam steps.</div>")
+    return html
+
+
+def _dp(spec) -> str:
+    if spec.dp is None:
+        return ""
+    from hptransfer.dp.plan import DPPlanError, dp_plan_for
+
+    c = spec.dp
+    head = f"<h2>DP noise (ε={c.epsilon:g}, δ={c.delta:g}, E={c.epochs:g}, accountant {c.accountant})</h2>"
+    if c.dataset_size is None:
+        return head + '<p class="muted">dp.dataset_size is not set (it is derived from the task when the plan is made); run <code>hpt dp-plan</code>.</p>'
+    try:
+        p = dp_plan_for(c)
+    except DPPlanError as e:
+        return head + f'<div class="warn">{escape(str(e))}</div>'
+    rows, classes = [], []
+    for r in p.table:
+        rows.append([_g(r.batch_size), _g(r.steps), _g(r.sigma), _g(r.sigma_sqrt_t, ".4g"), _g(r.sigma_over_b, ".3g"),
+                     "yes" if r.feasible else escape(r.reason or "no")])
+        classes.append("chosen" if r.batch_size == p.batch_size else "")
+    return (head + f"<p>Chosen B = <b>{p.batch_size}</b> (T = {p.steps}, σ = {p.noise_multiplier:.4g}): the smallest "
+            f"feasible B whose cumulative noise σ√T is within {c.tolerance:.0%} of the minimum (paper 1, arXiv 2510.20616). "
+            f"Clipping grid: {escape(', '.join(f'{x:.3g}' for x in p.clip_grid))}.</p>"
+            + _table(["B", "T", "σ", "σ√T", "σ/B", "feasible"], rows, classes)
+            + "".join(f'<p class="muted">{escape(n)}</p>' for n in p.notes))
+
+
+# --- entry point ---------------------------------------------------------------------------------
+
+def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Callable[[str], None] = print) -> Path:
+    """Write study_dir/report/index.html and its PNGs; log the folder to the study's MLflow sweep
+    parent run when `tracking_uri` is given. Returns the path of index.html."""
+    import pandas as pd
+
+    from hptransfer.io import write_atomic
+    from hptransfer.report.figures import plot_optimum, plot_transfer
+    from hptransfer.spec import load_spec
+    from hptransfer.transfer.plan import load_plan
+
+    study = Path(study_dir).resolve()
+    spec = load_spec(study / "spec.yaml")  # a clear SpecError when the folder is not a study
+    out = study / REPORT_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    plan = load_plan(study / "transfer_plan.yaml") if (study / "transfer_plan.yaml").is_file() else None
+    metrics = _read_json(study / "train" / "train_metrics.json")
+    final = (metrics or {}).get("final")
+    results = study / "sweep_results.csv"
+
+    parts = [f"<h1>hptransfer report — {escape(spec.name)}</h1>",
+             f'<p class="muted">{escape(str(study))} · generated {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}</p>',
+             _summary(spec, plan, final), _warnings(plan), "<h2>µTransfer plot</h2>"]
+    if results.is_file():
+        df = pd.read_csv(results)
+        target_loss = final.get("val_loss") if final else None
+        plot_transfer(df, spec, plan, target_loss, out / "transfer.png")
+        parts.append(_img("transfer.png", "validation loss against learning rate per width, with the transferred point"))
+        parts.append('<p class="muted">★ best grid point per width; ◆ the transferred value'
+                     + (" at the target run's validation loss" if target_loss is not None else "") + ".</p>")
+    else:
+        parts.append(_missing("sweep_results.csv", "hpt sweep SPEC"))
+    parts.append("<h2>Optimum against width</h2>")
+    if plan is not None and plot_optimum(plan, out / "optimum_vs_width.png") is not None:
+        parts.append(_img("optimum_vs_width.png", "optimal learning rate against width with its fits"))
+    parts.append(_diagnostics(plan) or _missing("transfer_plan.yaml", "hpt transfer --study-dir STUDY_DIR"))
+    parts.append(_coord(study, out))
+    parts.append(_dp(spec))
+    page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>hpt report: {escape(spec.name)}</title>'
+            f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")
+    index = write_atomic(out / INDEX, page)
+    if tracking_uri:
+        _log_to_mlflow(spec, study, out, tracking_uri, log)
+    return index
+
+
+def _log_to_mlflow(spec, study: Path, out: Path, tracking_uri: str, log: Callable[[str], None]) -> str | None:
+    from mlflow import MlflowClient
+
+    from hptransfer.sweep.record import _find_parent
+
+    client = MlflowClient(tracking_uri)
+    exp = spec.tracking.experiment or spec.name
+    run_id = _find_parent(client, exp, str(study))
+    if run_id is None:
+        log(f"report not logged to MLflow: no sweep run tagged hpt.study_dir={study} in experiment {exp!r} "
+            f"at {tracking_uri} (run `hpt sweep` with this tracking URI first)")
+        return None
+    client.log_artifacts(run_id, str(out), artifact_path=REPORT_DIR)
+    return run_id

@@ -1,0 +1,233 @@
+"""The study spec: one YAML file describes the ladder, the grid, the rule and the target.
+
+Validated once, at load, by pydantic; every error is reported at once with its YAML path, the bad
+value and what is allowed (`hpt validate SPEC`). Defaults live on the fields, nowhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hptransfer.dp.config import DPConfig
+
+
+class _Strict(BaseModel):
+    # Unknown keys are typos until proven otherwise: `wdith:` must not be silently ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Strict):
+    family: Literal["llama", "mlp"] = Field("llama", description="`llama`: HF LlamaForCausalLM built from a config; `mlp`: a small byte-level MLP LM for fast tests.")
+    depth: int = Field(2, ge=1, le=128, description="Number of transformer blocks (llama) or hidden layers (mlp).")
+    head_dim: int = Field(16, ge=4, le=256, description="llama: fixed head size; width = n_heads × head_dim, so attention scaling stays right as width grows.")
+    ffn_mult: float = Field(4.0, gt=0, description="Feed-forward hidden size as a multiple of width.")
+    seq_len: int = Field(64, ge=8, le=8192, description="Context length in bytes.")
+    parametrization: Literal["sp", "mup"] = Field("mup", description="`mup`: µP via the `mup` package (MuReadout, base shapes, MuAdamW); `sp`: standard parametrization.")
+    base_width: int | None = Field(None, ge=1, description="µP base width (width_mult = width / base_width). Default: the narrowest swept width.")
+    output_mult: float = Field(1.0, gt=0, description="µP readout multiplier (MuReadout output_mult).")
+
+
+class DataSpec(_Strict):
+    corpus: Literal["stdlib"] = Field("stdlib", description="Byte-level LM on the .py files of Python's standard library (ships with every Python).")
+    val_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of files (by stable path hash) held out for validation.")
+    max_files: int | None = Field(400, ge=10, description="Use at most this many files (sorted by hash) to keep start-up fast; null for all.")
+    eval_batches: int = Field(8, ge=1, description="Validation batches averaged for val_loss.")
+
+
+class SweepSpec(_Strict):
+    widths: list[int] = Field(..., description="The width ladder, strictly increasing, e.g. [32, 64, 128].")
+    grid: dict[str, list[float]] = Field(..., description="Hyperparameters to tune and their grid values, e.g. {lr: [1e-3, 3e-3, 1e-2]}.")
+    fixed: dict[str, float] = Field(default_factory=dict, description="Hyperparameters held fixed during the sweep (weight_decay, warmup_steps, ...).")
+    steps: int = Field(100, ge=1, description="Training steps per trial.")
+    batch_size: int = Field(16, ge=1, description="Sequences per step in each trial.")
+    seeds: list[int] = Field(default_factory=lambda: [0], description="Seeds per grid point.")
+    cpus_per_trial: float = Field(1.0, gt=0, description="Ray CPUs per trial (also torch threads in the trial).")
+    gpus_per_trial: float = Field(0.0, ge=0, description="Ray GPUs per trial (fractions share a GPU).")
+    scheduler: Literal["fifo", "asha"] = Field("fifo", description="`asha`: stop poor trials early (Ray Tune's ASHAScheduler); stopped trials get status `stopped`.")
+    asha_grace_fraction: float = Field(0.25, gt=0, le=1, description="ASHA: fraction of `steps` every trial runs before it can be stopped.")
+    asha_reduction_factor: float = Field(2.0, gt=1, description="ASHA: keep 1/reduction_factor of trials at each rung.")
+    reports: int = Field(4, ge=1, le=100, description="Validation evaluations reported per trial (ASHA decides at these).")
+
+    @field_validator("widths")
+    @classmethod
+    def _increasing(cls, v: list[int]) -> list[int]:
+        if len(v) < 2:
+            raise ValueError(f"need at least 2 widths to see a trend, got {v}")
+        if any(w <= 0 for w in v):
+            raise ValueError(f"widths must be positive, got {v}")
+        if any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"widths must be strictly increasing, got {v}; sort them and drop repeats")
+        return v
+
+    @field_validator("grid")
+    @classmethod
+    def _grid(cls, v: dict[str, list[float]]) -> dict[str, list[float]]:
+        if not v:
+            raise ValueError("the grid is empty: name at least one hyperparameter, e.g. `lr: [1e-3, 1e-2]`")
+        for name, values in v.items():
+            if name not in TUNABLE:
+                raise ValueError(f"unknown hyperparameter {name!r}; tunable ones are {sorted(TUNABLE)}")
+            if not values:
+                raise ValueError(f"grid.{name} is empty: give at least one value")
+            if name in LOG_SCALE and any(x <= 0 for x in values):
+                raise ValueError(f"grid.{name} must be > 0 (it is searched on a log scale), got {values}")
+        return v
+
+    @field_validator("fixed")
+    @classmethod
+    def _fixed(cls, v: dict[str, float]) -> dict[str, float]:
+        for name in v:
+            if name not in TUNABLE:
+                raise ValueError(f"unknown hyperparameter {name!r}; known ones are {sorted(TUNABLE)}")
+        return v
+
+
+class TransferSpec(_Strict):
+    rule: str = Field("mup", description="Transfer rule by name (see `hpt transfer --help`).")
+    warmup_timescale: float | None = Field(None, gt=0, description="sp-warmup: timescale τ (steps) of the multiplicative warmup; null: 1/(lr·weight_decay) (paper 3).")
+
+
+class TargetSpec(_Strict):
+    width: int = Field(..., ge=1, description="Width of the large model.")
+    steps: int | None = Field(None, ge=1, description="Training steps of the large run. Default: the sweep's.")
+    batch_size: int | None = Field(None, ge=1, description="Global batch (sequences) of the large run. Default: the sweep's.")
+
+
+class TrainSpec(_Strict):
+    workers: int = Field(2, ge=1, description="Ray Train workers (processes); DeepSpeed data-parallel ranks.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(0.0, ge=0)
+    eval_every: int = Field(50, ge=1, description="Steps between validation evaluations in the large run.")
+    checkpoint_every: int = Field(0, ge=0, description="Steps between DeepSpeed checkpoints (reported to Ray Train); 0: only the final one.")
+    max_failures: int = Field(2, ge=0, description="Ray Train restarts of the worker group after a worker dies; each resumes from the last checkpoint.")
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints Ray Train keeps (older ones are deleted).")
+
+
+class TrackingSpec(_Strict):
+    uri: str | None = Field(None, description="MLflow tracking URI. Default: sqlite:///<study_dir>/mlflow.db.")
+    experiment: str | None = Field(None, description="MLflow experiment name. Default: the study name.")
+
+
+class RaySpec(_Strict):
+    num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray. Default: os.cpu_count().")
+    object_store_mb: int = Field(512, ge=78, description="Local Ray object store size; Ray's default (30% of RAM) is far too large here.")
+
+
+class CoordCheckSpec(_Strict):
+    widths: list[int] | None = Field(None, description="Widths to check. Default: the sweep ladder plus the target width capped at 4× the widest.")
+    steps: int = Field(4, ge=2, le=20, description="Adam steps recorded.")
+    lr: float = Field(1e-2, gt=0)
+    max_slope: float = Field(0.25, gt=0, description="Fail when log(activation size) grows faster than this power of width.")
+
+
+class StudySpec(_Strict):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Study name: folder and MLflow experiment name.")
+    seed: int = 0
+    model: ModelSpec = ModelSpec()
+    data: DataSpec = DataSpec()
+    sweep: SweepSpec
+    transfer: TransferSpec = TransferSpec()
+    target: TargetSpec
+    train: TrainSpec = TrainSpec()
+    tracking: TrackingSpec = TrackingSpec()
+    ray: RaySpec = RaySpec()
+    coord_check: CoordCheckSpec = CoordCheckSpec()
+    dp: DPConfig | None = Field(None, description="Differentially private fine-tuning budget (see `hpt dp-plan --help`).")
+
+    @model_validator(mode="after")
+    def _cross(self) -> "StudySpec":
+        errs = []
+        if self.model.family == "llama":
+            bad = [w for w in self.sweep.widths + [self.target.width] if w % self.model.head_dim]
+            if bad:
+                errs.append(f"widths {bad} are not multiples of model.head_dim={self.model.head_dim}; "
+                            "llama width = n_heads × head_dim")
+        if self.target.width < self.sweep.widths[-1]:
+            errs.append(f"target.width={self.target.width} is narrower than the widest swept width "
+                        f"{self.sweep.widths[-1]}; transfer goes to a wider model")
+        if self.model.base_width is not None and self.model.base_width > self.sweep.widths[0]:
+            errs.append(f"model.base_width={self.model.base_width} exceeds the narrowest width {self.sweep.widths[0]}")
+        from hptransfer.transfer.rules import RULES
+
+        if self.transfer.rule not in RULES:
+            errs.append(f"transfer.rule={self.transfer.rule!r} is unknown; choose one of {sorted(RULES)}")
+        if errs:
+            raise ValueError("; ".join(errs))
+        return self
+
+    # Derived values, one place.
+    @property
+    def base_width(self) -> int:
+        return self.model.base_width or self.sweep.widths[0]
+
+    @property
+    def target_steps(self) -> int:
+        return self.target.steps or self.sweep.steps
+
+    @property
+    def target_batch_size(self) -> int:
+        return self.target.batch_size or self.sweep.batch_size
+
+
+# Hyperparameters a trial understands; LOG_SCALE ones are fitted against log(value).
+TUNABLE = {"lr", "weight_decay", "warmup_steps", "beta1", "beta2", "init_std", "output_mult", "grad_clip"}
+LOG_SCALE = {"lr", "weight_decay", "init_std", "output_mult"}
+# grad_clip 0 = no clipping; the large run clips exactly as the sweep did, or the optimum may move.
+DEFAULT_HPS: dict[str, float] = {"lr": 1e-2, "weight_decay": 0.0, "warmup_steps": 0, "beta1": 0.9, "beta2": 0.98, "grad_clip": 0.0}
+
+
+class SpecError(Exception):
+    """A spec that failed validation; `problems` holds (yaml_path, message, bad_value) for each error."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str, Any]]):
+        self.source, self.problems = source, problems
+        lines = [f"{source}: {len(problems)} problem(s)"]
+        for path, msg, value in problems:
+            lines.append(f"  - {path or '<root>'}: {msg} (got {value!r})")
+        super().__init__("\n".join(lines))
+
+
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> StudySpec:
+    if not isinstance(data, dict):
+        raise SpecError(source, [("", "the spec must be a YAML mapping", type(data).__name__)])
+    try:
+        return StudySpec.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key (typo?); allowed keys are listed in `hpt validate --help`"
+            elif err["type"] == "missing":
+                msg = "required field is missing"
+            problems.append((_path(err["loc"]), msg, err.get("input")))
+        raise SpecError(source, problems) from None
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(str(path), [("", "spec file not found", str(path))])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(str(path), [("", f"not valid YAML: {e}", None)]) from None
+    return parse_spec(data, str(path))
+
+
+def spec_hash(spec: StudySpec) -> str:
+    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
+

@@ -1,0 +1,1 @@
+"""The small-width search: Ray Tune trials over widths × the hyperparameter grid."""

@@ -1,0 +1,179 @@
+"""`hpt transfer` and `hpt export`: thin Typer wrappers over engine.py and exports.py."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hptransfer.transfer.rules import RULES
+
+# engine (pandas, scipy) and plan are imported inside the commands so `hpt --help` answers at once.
+
+console = Console()
+err = Console(stderr=True)
+
+
+def _fail(msg: str) -> None:
+    err.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(code=2)
+
+
+def _g(x, fmt: str = ".4g") -> str:
+    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, fmt)
+
+
+def print_plan(plan, path: Path | None = None) -> None:
+    """The diagnostics a user reads before trusting the plan."""
+    d = plan.diagnostics
+    tuned = d.get("tuned", [])
+    t = Table(title=f"optimum by width — study {plan.study}, rule {plan.rule}")
+    t.add_column("width", justify="right")
+    t.add_column("best loss", justify="right")
+    for hp in tuned:
+        t.add_column(f"{hp}*", justify="right")
+    t.add_column("trials", justify="left")
+    t.add_column("flags")
+    for w, per in d.get("optimum_by_width", {}).items():
+        cells, flags = [], []
+        for hp in tuned:
+            f = per[hp]
+            se = f"  ×÷{math.exp(f['log_se']):.2f}" if f.get("log_se") else ""
+            cells.append(f"{f['value']:.4g}{se}")
+            if f["on_edge"]:
+                flags.append(f"{hp} on grid edge")
+            elif not f["convex"]:
+                flags.append(f"{hp} not convex")
+            if f.get("capped_by_divergence"):
+                flags.append(f"{hp} capped by divergence")
+        trials = ", ".join(f"{k} {v}" for k, v in d.get("trials_by_width", {}).get(w, {}).items())
+        best = per[d.get("primary", tuned[0])]["best_loss"] if tuned else None
+        t.add_row(str(w), _g(best), *cells, trials, "[yellow]" + "; ".join(flags) + "[/]" if flags else "")
+    console.print(t)
+
+    s = Table(title=f"target width {plan.target.width}, {plan.target.steps} steps, batch {plan.target.batch_size}",
+              show_header=False)
+    s.add_column("", style="bold")
+    s.add_column("")
+    for k, v in plan.hyperparameters.items():
+        s.add_row(k, _g(v))
+    if plan.param_group_multipliers.get("hidden_matrices"):
+        g = plan.param_group_multipliers["hidden_matrices"]
+        s.add_row("µP hidden matrices", f"lr × {g['lr']:.4g}, weight_decay × {g['weight_decay']:.4g} (MuAdamW)")
+    lf, dr = d.get("loss_fit"), d.get("drift_fit")
+    if lf:
+        s.add_row("loss law", f"φ*_n = {lf['phi_inf']:.4g} + {lf['A']:.3g}·n^−{lf['alpha']:.3g}")
+    if dr:
+        s.add_row("optimum drift", "none across the ladder" if dr["drift"] == "none" else
+                  (f"|Δlog {d['primary']}*| = {dr['B']:.3g}·n^−{dr['beta']:.3g}" if dr.get("beta") is not None
+                   else f"unknown ({dr.get('why', '')})"))
+    fast = d.get("fast_transfer")
+    s.add_row("fast transfer (β > α/2)", {True: "[green]yes[/]", False: "[red]no[/]", None: "not judged"}[fast]
+              + (f"  ({d['fast_transfer_test']})" if d.get("fast_transfer_test") else ""))
+    s.add_row("predicted transfer penalty", _g(d.get("predicted_penalty")) + " (loss)")
+    s.add_row("predicted target loss", _g(d.get("predicted_target_loss")))
+    for name in ("deepseek", "step_law"):
+        b = plan.baselines.get(name)
+        if b:
+            s.add_row(f"{name} baseline lr", f"{b['lr']:.3g} (plan/baseline {_g(b.get('plan_lr_ratio'), '.3g')})")
+    for h in plan.heuristics:
+        s.add_row("heuristic", f"{h['name']}: {h['applies_to']} × {h['factor']:.4g} ({h['why']})")
+    if plan.schedule and plan.schedule.get("kind") == "sp-warmup":
+        s.add_row("multiplicative warmup", f"{plan.schedule['kind']}: m={plan.schedule['m']:.4g}, timescale={plan.schedule['timescale']:.4g} steps")
+    console.print(s)
+    for n in d.get("notes", []):
+        console.print(f"[dim]note:[/] {n}")
+    for w in d.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {w}")
+    if path is not None:
+        console.print(f"plan written to [bold]{path}[/]")
+
+
+def transfer(
+    study_dir: Optional[Path] = typer.Option(None, "--study-dir", help="Study folder: reads spec.yaml and sweep_results.csv, writes transfer_plan.yaml."),
+    results: Optional[Path] = typer.Option(None, "--results", help="Standalone: a results table (.csv or .parquet) from any tool; columns width, val_loss, status, seed and one per tuned hyperparameter."),
+    rule: Optional[str] = typer.Option(None, "--rule", help=f"Standalone: the transfer rule, one of {sorted(RULES)}."),
+    target_width: Optional[int] = typer.Option(None, "--target-width", help="Standalone: width of the large model."),
+    base_width: Optional[int] = typer.Option(None, "--base-width", help="µP base width. Default: the narrowest width in the table."),
+    proxy_steps: int = typer.Option(100, "--proxy-steps", help="Standalone: steps each sweep trial ran."),
+    proxy_batch_size: int = typer.Option(16, "--proxy-batch-size", help="Standalone: batch (sequences) of each sweep trial."),
+    target_steps: Optional[int] = typer.Option(None, "--target-steps", help="Steps of the large run. Default: --proxy-steps."),
+    target_batch_size: Optional[int] = typer.Option(None, "--target-batch-size", help="Batch of the large run. Default: --proxy-batch-size."),
+    family: str = typer.Option("llama", "--family", help="Model family: llama or mlp."),
+    depth: int = typer.Option(2, "--depth", help="Transformer blocks / hidden layers."),
+    head_dim: int = typer.Option(16, "--head-dim", help="llama head size; widths must be multiples of it."),
+    seq_len: int = typer.Option(64, "--seq-len", help="Context length."),
+    parametrization: str = typer.Option("mup", "--parametrization", help="mup or sp."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Plan file to write. Default: transfer_plan.yaml (in --study-dir when given)."),
+    quiet: bool = typer.Option(False, "--quiet", help="Do not print the diagnostics table."),
+) -> None:
+    """Map the sweep's best hyperparameters to the target width; print the diagnostics; write the plan."""
+    from hptransfer.spec import SpecError, load_spec
+    from hptransfer.transfer.engine import (PLAN_FILE, ResultsError, file_hash, log_plan_to_mlflow, make_plan,
+                                            read_results, standalone_spec)
+    from hptransfer.transfer.plan import save_plan
+
+    if (study_dir is None) == (results is None):
+        _fail("give exactly one of --study-dir DIR (a study made by `hpt sweep`) or --results FILE (standalone)")
+    try:
+        if study_dir is not None:
+            bad = [n for n, v in (("--rule", rule), ("--target-width", target_width)) if v is not None]
+            if bad:
+                _fail(f"{', '.join(bad)} are for standalone use; with --study-dir edit {study_dir}/spec.yaml instead")
+            spec = load_spec(study_dir / "spec.yaml")
+            res_path = study_dir / "sweep_results.csv"
+            table = read_results(res_path)
+            out = out or study_dir / PLAN_FILE
+        else:
+            missing = [n for n, v in (("--rule", rule), ("--target-width", target_width)) if v is None]
+            if missing:
+                _fail(f"standalone use needs {' and '.join(missing)}, e.g. --rule mup --target-width 1024")
+            if rule not in RULES:
+                _fail(f"--rule {rule!r} is unknown; choose one of {sorted(RULES)}")
+            res_path = results
+            table = read_results(results)
+            spec = standalone_spec(table, rule=rule, target_width=target_width, base_width=base_width,
+                                   proxy_steps=proxy_steps, proxy_batch_size=proxy_batch_size,
+                                   target_steps=target_steps, target_batch_size=target_batch_size,
+                                   model={"family": family, "depth": depth, "head_dim": head_dim,
+                                          "seq_len": seq_len, "parametrization": parametrization},
+                                   source=str(results))
+            out = out or Path(PLAN_FILE)
+        plan = make_plan(spec, table, {"results_file": str(res_path), "results_file_hash": file_hash(res_path)})
+    except (ResultsError, SpecError) as e:
+        _fail(str(e))
+    path = save_plan(plan, out)
+    log_plan_to_mlflow(plan, path)
+    if not quiet:
+        print_plan(plan, path)
+
+
+def export(
+    plan: Path = typer.Argument(..., help="A transfer_plan.yaml."),
+    to: str = typer.Option(..., "--to", help="deepspeed | hf | torchtitan"),
+    out: Optional[Path] = typer.Option(None, "--out", help="File to write. Default: beside the plan, e.g. transfer_plan.deepspeed.json."),
+) -> None:
+    """Write the plan as a DeepSpeed config, HF TrainingArguments JSON or torchtitan TOML (validated first)."""
+    from hptransfer.transfer.exports import FORMATS, caveats, default_out, export_plan
+    from hptransfer.transfer.plan import load_plan
+
+    if to not in FORMATS:
+        _fail(f"--to {to!r} is unknown; choose one of {list(FORMATS)}")
+    try:
+        p = load_plan(plan)
+    except FileNotFoundError as e:
+        _fail(str(e))
+    except Exception as e:  # a hand-edited plan that no longer validates
+        _fail(f"{plan}: not a valid plan: {e}")
+    target = out or default_out(plan, to)
+    try:
+        written = export_plan(p, to, target)
+    except Exception as e:  # the framework's own validator refused it: say which and why
+        _fail(f"the {to} export did not pass {to}'s own validation: {type(e).__name__}: {e}")
+    for c in caveats(p):
+        console.print(f"[yellow]note:[/] {c}")
+    console.print(f"{to} config written to [bold]{written}[/]")

@@ -1,0 +1,296 @@
+"""Sweep results table → per-width optima → rule → `TransferPlan` (+ diagnostics and baselines).
+
+The only side effects live in `transfer_study` (read files, write the plan atomically, log to an
+active MLflow run); `make_plan` is a function of the spec and the table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hptransfer.spec import LOG_SCALE, TUNABLE, StudySpec, load_spec, parse_spec, spec_hash
+from hptransfer.transfer.baselines import baselines_for
+from hptransfer.transfer.diagnostics import diagnose
+from hptransfer.transfer.exports import FINAL_LR_FRACTION
+from hptransfer.transfer.optimum import OptimumFit, fit_optimum
+from hptransfer.transfer.plan import TargetShape, TransferPlan, save_plan
+from hptransfer.transfer.rules import RULES, Evidence, Target
+
+RESULT_COLUMNS = ("width", "seed", "val_loss", "status")
+STATUSES = {"ok", "diverged", "failed", "stopped"}
+PLAN_FILE, RESULTS_FILE, SPEC_FILE = "transfer_plan.yaml", "sweep_results.csv", "spec.yaml"
+
+
+class ResultsError(ValueError):
+    """A results table the engine cannot use; `problems` lists every issue, each with its fix."""
+
+    def __init__(self, source: str, problems: list[str]):
+        self.source, self.problems = source, problems
+        super().__init__(f"{source}: {len(problems)} problem(s)\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+def check_results(results: pd.DataFrame, tuned: list[str], source: str = "results") -> pd.DataFrame:
+    """Validate a results table against the contract and return a normalised copy.
+
+    Contract: one row per trial; `width` (int), one column per tuned hyperparameter, `seed`,
+    `val_loss` (NaN when not ok), `status` in {ok, diverged, failed, stopped}; extra columns are
+    ignored. A missing `seed` column means one seed (0). An `ok` row with a non-finite loss
+    diverged (NaN/inf loss is what divergence looks like)."""
+    problems = []
+    df = results.reset_index(drop=True)  # a concatenated table may repeat index labels
+    if "seed" not in df.columns:
+        df["seed"] = 0
+    missing = [c for c in ("width", "val_loss", "status", *tuned) if c not in df.columns]
+    if missing:
+        have = ", ".join(map(str, df.columns))
+        problems.append(f"missing column(s) {missing}; the table has [{have}]. Rename your columns: "
+                        "`width`, `val_loss`, `status` and one per tuned hyperparameter "
+                        f"(one of {sorted(TUNABLE)})")
+        raise ResultsError(source, problems)
+    if df.empty:
+        raise ResultsError(source, ["the table has no rows; run the sweep first"])
+    width = pd.to_numeric(df["width"], errors="coerce")
+    bad = df.loc[~np.isfinite(width) | (width <= 0) | (width != width.round()), "width"]
+    if len(bad):
+        problems.append(f"column `width` must hold positive integers, got {bad.unique()[:5].tolist()}")
+    df["status"] = df["status"].astype(str).str.strip().str.lower()
+    unknown = sorted(set(df["status"]) - STATUSES)
+    if unknown:
+        problems.append(f"column `status` has unknown value(s) {unknown}; allowed: {sorted(STATUSES)}")
+    loss = pd.to_numeric(df["val_loss"], errors="coerce")
+    if loss.isna().sum() > df["val_loss"].isna().sum():
+        problems.append("column `val_loss` has non-numeric entries; use a number, or leave it empty (NaN) "
+                        "when the trial was not ok")
+    for hp in tuned:
+        v = pd.to_numeric(df[hp], errors="coerce")
+        if v.isna().any():
+            problems.append(f"column `{hp}` has empty or non-numeric entries in {int(v.isna().sum())} row(s); "
+                            "every trial needs its hyperparameter value")
+        elif hp in LOG_SCALE and (v <= 0).any():
+            problems.append(f"column `{hp}` must be > 0 (fitted on a log scale), got {sorted(v[v <= 0].unique())[:5]}")
+    if problems:
+        raise ResultsError(source, problems)
+    df["width"] = width.astype(int)
+    df["val_loss"] = loss.astype(float)
+    for hp in tuned:
+        df[hp] = pd.to_numeric(df[hp]).astype(float)
+    df.loc[(df["status"] == "ok") & ~np.isfinite(df["val_loss"]), "status"] = "diverged"
+    good = df[(df["status"] == "ok") & np.isfinite(df["val_loss"])]
+    if good.empty:
+        problems.append(f"no trial has status ok and a finite val_loss (statuses: "
+                        f"{df['status'].value_counts().to_dict()}); fix the sweep (lower the LR grid) and rerun")
+    elif good["width"].nunique() < 2:
+        problems.append(f"only one width ({good['width'].unique().tolist()}) has a finite loss; transfer needs "
+                        "a trend: sweep at least 2 widths (3+ to judge drift)")
+    if problems:
+        raise ResultsError(source, problems)
+    return df
+
+
+def optima_by_width(results: pd.DataFrame, tuned: list[str]) -> dict[int, dict[str, OptimumFit]]:
+    """For each width and tuned hyperparameter, the optimum with the others at their best grid point.
+
+    With one tuned hyperparameter this is the plain 1-D fit; with several, each is fitted along its
+    own axis through the best grid point (a coordinate-wise estimate, stated as such). `stopped`
+    (early-stopped) and `failed` trials are left out of the fit; `diverged` ones inform it (too high).
+    Widths without one finite ok loss are skipped."""
+    out: dict[int, dict[str, OptimumFit]] = {}
+    results = results.reset_index(drop=True)
+    status = results["status"].astype(str).str.lower()
+    diverged_all = (status == "diverged") | ((status == "ok") & ~np.isfinite(results["val_loss"].astype(float)))
+    for width, g in results.groupby("width"):
+        ok = (status.loc[g.index] == "ok") & np.isfinite(g["val_loss"].astype(float))
+        if not ok.any():
+            continue
+        loss = g["val_loss"].where(ok)
+        best_row = g.loc[loss.idxmin()]
+        keep = ok | diverged_all.loc[g.index]
+        fits = {}
+        for hp in tuned:
+            sel = g[keep]
+            for other in tuned:
+                if other != hp:
+                    sel = sel[np.isclose(sel[other], best_row[other])]
+            fits[hp] = fit_optimum(sel[hp].to_numpy(float), loss.loc[sel.index].to_numpy(float), hp in LOG_SCALE,
+                                   diverged=diverged_all.loc[sel.index].to_numpy())
+        out[int(width)] = fits
+    return out
+
+
+def file_hash(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def table_hash(results: pd.DataFrame) -> str:
+    return hashlib.sha256(pd.util.hash_pandas_object(results, index=False).values.tobytes()).hexdigest()[:16]
+
+
+def _fit_dict(f: OptimumFit) -> dict:
+    d = {"value": f.value, "best_grid_value": f.best_grid_value, "best_loss": f.best_loss,
+         "fitted_loss": f.fitted_loss, "on_edge": f.on_edge, "convex": f.convex, "n_points": f.n_points,
+         "n_diverged": f.n_diverged, "capped_by_divergence": f.capped_by_divergence,
+         "curvature": f.curvature, "log_se": f.log_se, "ci": [f.ci_low, f.ci_high] if f.ci_low is not None else None}
+    return {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in d.items()}
+
+
+def _clean(obj):
+    """numpy scalars → Python, non-finite floats → None: the plan must be plain YAML/JSON."""
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, (np.floating, float)):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    return obj
+
+
+def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = None) -> TransferPlan:
+    tuned = list(spec.sweep.grid)
+    results = check_results(results, tuned)
+    fits = optima_by_width(results, tuned)
+    skipped = sorted(set(results["width"].unique()) - set(fits))
+    ev = Evidence(optima={w: {hp: f.value for hp, f in per.items()} for w, per in fits.items()},
+                  fixed=dict(spec.sweep.fixed), base_width=spec.base_width,
+                  parametrization=spec.model.parametrization,
+                  log_se={w: {hp: f.log_se for hp, f in per.items()} for w, per in fits.items()})
+    tgt = Target(width=spec.target.width, steps=spec.target_steps, batch_size=spec.target_batch_size,
+                 proxy_steps=spec.sweep.steps, proxy_batch_size=spec.sweep.batch_size,
+                 warmup_timescale=spec.transfer.warmup_timescale, dp=spec.dp)
+    rule = spec.transfer.rule
+    res = RULES[rule](ev, tgt)
+    # The rule's width transfer alone (proxy batch/steps): what the predicted penalty is about.
+    width_only = RULES[rule](ev, replace(tgt, steps=tgt.proxy_steps, batch_size=tgt.proxy_batch_size))
+    diag = diagnose(fits, tuned, LOG_SCALE, rule, spec.model.parametrization,
+                    res.source_width or max(fits), spec.target.width, width_only.hyperparameters)
+    warnings = list(res.warnings) + diag.pop("warnings")
+    if skipped:
+        warnings.append(f"widths {skipped} have no ok trial with a finite loss and were left out")
+    if res.heuristics:
+        warnings.append("batch size or steps differ between sweep and target: heuristics applied "
+                        f"({', '.join(h['name'] for h in res.heuristics)}); see `heuristics`")
+    counts = results.groupby(["width", "status"]).size().unstack(fill_value=0)
+    hidden_lr = res.hyperparameters["lr"] * min(g.get("lr", 1.0) for g in res.param_group_multipliers.values()) \
+        if res.param_group_multipliers else res.hyperparameters["lr"]
+    m = spec.model
+    return TransferPlan(
+        study=spec.name, rule=rule, model=m, base_width=spec.base_width,
+        target=TargetShape(width=spec.target.width, steps=spec.target_steps,
+                           batch_size=spec.target_batch_size, seq_len=m.seq_len),
+        hyperparameters={k: float(v) for k, v in res.hyperparameters.items()},
+        param_group_multipliers=res.param_group_multipliers,
+        schedule=_clean({**(res.schedule or {"kind": "none"}), "base": {
+            "warmup": "linear", "warmup_steps": res.hyperparameters.get("warmup_steps", 0.0),
+            "decay": "cosine", "final_lr_fraction": FINAL_LR_FRACTION}}),
+        heuristics=_clean(res.heuristics),
+        baselines=_clean(baselines_for(m.family, spec.target.width, m.depth, m.ffn_mult, spec.target_steps,
+                                       spec.target_batch_size, m.seq_len, plan_lr=hidden_lr)),
+        data=spec.data, train=spec.train, seed=spec.seed,
+        # Width keys are strings: that is what YAML/JSON give back, so a loaded plan equals this one.
+        diagnostics=_clean({
+            "tuned": tuned,
+            "source_width": res.source_width,
+            "optimum_by_width": {str(w): {hp: _fit_dict(f) for hp, f in per.items()} for w, per in fits.items()},
+            "trials_by_width": {str(w): {str(k): int(v) for k, v in row.items()} for w, row in counts.iterrows()},
+            **diag,
+            "notes": res.notes,
+            "warnings": warnings,
+        }),
+        provenance=_clean({"spec_hash": spec_hash(spec), "results_hash": table_hash(results), **(provenance or {})}),
+        **res.extras,
+    )
+
+
+# --- standalone use: a results table from any tool, no spec -------------------------------------
+
+def tuned_columns(results: pd.DataFrame) -> tuple[list[str], dict[str, float]]:
+    """Tunable hyperparameter columns that vary (tuned) and those with one value (fixed)."""
+    tuned, fixed = [], {}
+    for c in results.columns:
+        if c in TUNABLE:
+            vals = pd.to_numeric(results[c], errors="coerce").dropna().unique()
+            if len(vals) > 1:
+                tuned.append(c)
+            elif len(vals) == 1:
+                fixed[c] = float(vals[0])
+    return tuned, fixed
+
+
+def standalone_spec(results: pd.DataFrame, *, rule: str, target_width: int, base_width: int | None = None,
+                    proxy_steps: int = 100, proxy_batch_size: int = 16, target_steps: int | None = None,
+                    target_batch_size: int | None = None, model: dict | None = None,
+                    name: str = "standalone", source: str = "results") -> StudySpec:
+    """A StudySpec describing a sweep made elsewhere, so `make_plan` serves both modes."""
+    tuned, fixed = tuned_columns(results)
+    if not tuned:
+        raise ResultsError(source, [f"no hyperparameter column varies; name the tuned column(s) one of "
+                                    f"{sorted(TUNABLE)} (e.g. rename `learning_rate` to `lr`)"])
+    df = check_results(results, tuned, source)
+    widths = sorted(int(w) for w in df["width"].unique())
+    grid = {hp: sorted(float(v) for v in df[hp].unique()) for hp in tuned}
+    data = {"name": name, "model": {**(model or {}), **({"base_width": base_width} if base_width else {})},
+            "sweep": {"widths": widths, "grid": grid, "fixed": fixed, "steps": proxy_steps,
+                      "batch_size": proxy_batch_size, "seeds": sorted(int(s) for s in df["seed"].unique())},
+            "transfer": {"rule": rule},
+            "target": {"width": target_width, "steps": target_steps, "batch_size": target_batch_size}}
+    return parse_spec(data, source=f"{source} (as a study)")
+
+
+def read_results(path: str | Path) -> pd.DataFrame:
+    path = Path(path)
+    if not path.is_file():
+        raise ResultsError(str(path), [f"file not found: {path}"])
+    if path.suffix.lower() == ".parquet":
+        return pd.read_parquet(path)
+    if path.suffix.lower() in (".csv", ".txt"):
+        return pd.read_csv(path)
+    raise ResultsError(str(path), [f"unknown table format {path.suffix!r}; use .csv or .parquet"])
+
+
+# --- the pipeline's entry point -----------------------------------------------------------------
+
+def log_plan_to_mlflow(plan: TransferPlan, plan_path: Path) -> str | None:
+    """Log the plan to the active MLflow run, if any; returns its run id. Never starts a run, and
+    never imports mlflow if nobody else did (no run can be active then): the engine works offline."""
+    mlflow = sys.modules.get("mlflow")
+    run = mlflow.active_run() if mlflow is not None else None
+    if run is None:
+        return None
+    d = plan.diagnostics
+    mlflow.log_artifact(str(plan_path))
+    mlflow.log_params({"transfer_rule": plan.rule, "target_width": plan.target.width})
+    metrics = {f"transfer_{k}": v for k, v in plan.hyperparameters.items()}
+    for key in ("predicted_penalty", "predicted_target_loss"):
+        if d.get(key) is not None:
+            metrics[f"transfer_{key}"] = d[key]
+    if d.get("fast_transfer") is not None:
+        metrics["transfer_fast"] = float(d["fast_transfer"])
+    mlflow.log_metrics(metrics)
+    return run.info.run_id
+
+
+def transfer_study(study_dir: str | Path) -> Path:
+    """`hpt transfer --study-dir DIR` without printing: DIR/spec.yaml + DIR/sweep_results.csv →
+    DIR/transfer_plan.yaml (atomic), logged to the active MLflow run if there is one."""
+    d = Path(study_dir)
+    spec_path, results_path = d / SPEC_FILE, d / RESULTS_FILE
+    spec = load_spec(spec_path)
+    results = read_results(results_path)
+    prov = {"results_file": str(results_path), "results_file_hash": file_hash(results_path)}
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None and mlflow.active_run() is not None:
+        prov["mlflow_run_id"] = mlflow.active_run().info.run_id
+    plan = make_plan(spec, results, prov)
+    path = save_plan(plan, d / PLAN_FILE)
+    log_plan_to_mlflow(plan, path)
+    return path

@@ -1,0 +1,98 @@
+"""Shared fixtures: one real local Ray for the session, a real `mlflow server` process on loopback,
+tiny specs. Nothing here is mocked."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+from hptransfer.env import configure  # noqa: E402
+
+configure()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_spec_dict(**over) -> dict:
+    """A spec that trains in seconds: width 16–32 MLP or Llama, a handful of steps."""
+    d = {
+        "name": "tiny",
+        "model": {"family": "mlp", "depth": 2, "head_dim": 8, "seq_len": 16, "parametrization": "mup"},
+        "data": {"max_files": 40, "eval_batches": 2},
+        "sweep": {"widths": [16, 32], "grid": {"lr": [0.003, 0.03, 0.3]}, "steps": 12, "batch_size": 8,
+                  "fixed": {"warmup_steps": 2}},
+        "target": {"width": 64, "steps": 6, "batch_size": 8},
+        "train": {"workers": 2, "zero_stage": 1, "eval_every": 3},
+        "ray": {"num_cpus": 2, "object_store_mb": 256},
+    }
+    for key, val in over.items():
+        if isinstance(val, dict) and isinstance(d.get(key), dict):
+            d[key] = {**d[key], **val}
+        else:
+            d[key] = val
+    return d
+
+
+@pytest.fixture
+def tiny_spec():
+    from hptransfer.spec import parse_spec
+
+    return parse_spec(tiny_spec_dict())
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray for every test that needs it (start-up costs seconds and ~1 GB)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024 * 1024,
+             logging_level="WARNING", log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on loopback (lean: one worker, no job execution)."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+         "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1"],
+        stdout=open(root / "server.log", "wb"), stderr=subprocess.STDOUT, env=env)
+    uri = f"http://127.0.0.1:{port}"
+    import urllib.request
+
+    deadline = time.time() + 90
+    while True:
+        try:
+            urllib.request.urlopen(uri + "/health", timeout=2)
+            break
+        except Exception:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise RuntimeError("mlflow server did not start:\n" + (root / "server.log").read_text()[-3000:])
+            time.sleep(0.5)
+    yield uri
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()

@@ -1,0 +1,289 @@
+"""launchers/: every entry point is run. The Ray one against a real two-node Ray cluster on
+this machine (`ray start` head with dashboard + `ray start` worker), through the Ray Jobs API."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+import pytest
+import requests
+import yaml
+
+from hptransfer.deploy import ray_jobs
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_k8s_manifests import command_problems, schema_errors, security_problems  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SPEC = REPO / "search_spaces" / "quickstart.yaml"
+PY = sys.executable
+# The venv's bin first, as in an activated venv: jobs on the cluster call `hpt`.
+BASE_ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
+            "PATH": f"{Path(PY).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def run_launcher(name: str, *args: str, env: dict[str, str] | None = None, cwd: Path = REPO,
+                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, str(REPO / "launchers" / name), *args], cwd=cwd, env=env or BASE_ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# ---------------------------------------------------------------- fast: no cluster
+
+
+def test_local_launcher_runs_hpt_run() -> None:
+    r = run_launcher("local.py", str(SPEC.relative_to(REPO)), "--dry-run")
+    assert r.returncode == 0, r.stderr
+    argv = shlex.split(r.stderr.strip().splitlines()[-1])
+    assert argv == ["hpt", "run", "search_spaces/quickstart.yaml", "--study-dir", "studies/quickstart"]
+    assert not command_problems(argv, "launchers/local.py"), command_problems(argv, "launchers/local.py")
+
+
+def test_kubernetes_launcher_without_a_cluster_writes_a_valid_rayjob(tmp_path: Path) -> None:
+    env = {**BASE_ENV, "KUBECONFIG": str(tmp_path / "no-kubeconfig")}  # no context: do not apply
+    r = run_launcher("kubernetes.py", str(SPEC), "--image", "reg.example/hpt:1", "--workers", "2",
+                     env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "studies" / "quickstart" / "rayjob.yaml"
+    assert "no kubectl context" in r.stderr and str(out.relative_to(tmp_path)) in r.stderr
+    job = yaml.safe_load(out.read_text())
+    assert not schema_errors(job) and not security_problems([job], set())
+    assert job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 2
+
+
+def test_ray_cluster_launcher_refuses_a_spec_outside_the_project(tmp_path: Path) -> None:
+    outside = tmp_path / "search_spaces" / "mine.yaml"
+    outside.parent.mkdir()
+    outside.write_text("name: mine\n")
+    r = run_launcher("ray_cluster.py", str(outside), "--address", "http://127.0.0.1:1",
+                     "--working-dir", str(REPO))
+    assert r.returncode == 2
+    assert "outside the project" in r.stderr and "working_dir" in r.stderr
+
+
+def test_runtime_env_carries_project_and_package_not_venv() -> None:
+    env = ray_jobs.runtime_env(REPO, {"MLFLOW_TRACKING_URI": "http://mlflow:5000"})
+    assert env["working_dir"] == str(REPO)
+    assert env["py_modules"] == [str(REPO / "platform" / "hptransfer")]
+    assert {".venv/", ".git/", "studies/"} <= set(env["excludes"])
+    assert env["env_vars"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert ray_jobs.spec_in_project(SPEC, REPO) == "search_spaces/quickstart.yaml"
+
+
+@pytest.mark.parametrize("verb", ["run", "sweep"])
+def test_default_entrypoint_is_a_real_hpt_command_that_joins_the_cluster(verb: str) -> None:
+    cmd = ray_jobs.hpt_entrypoint(verb, "search_spaces/quickstart.yaml", "--tracking-uri", "http://m:5000")
+    argv = shlex.split(cmd)
+    assert argv[:3] == ["hpt", verb, "search_spaces/quickstart.yaml"] and argv[-2:] == ["--address", "auto"]
+    assert not command_problems(argv, "ray_cluster.py"), command_problems(argv, "ray_cluster.py")
+
+
+# ---------------------------------------------------------------- slow: a real 2-node Ray cluster
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ports() -> list[str]:
+    # Every port explicit: head and worker share this machine (and other engineers' Ray may too).
+    args = []
+    for flag in ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
+                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port"):
+        args += [flag, str(_free_port())]
+    return args
+
+
+class LoopbackCluster:
+    """Head (with dashboard / Jobs API) + one worker node, each 1 CPU, token auth on, all state
+    under one private temp dir. `stop()` ends exactly the processes of this cluster: those whose
+    command line or environment names that dir (never `ray stop`, which ends every Ray here)."""
+
+    def __init__(self) -> None:
+        # Short path: Ray's Unix sockets live under it (limit ~107 characters).
+        self.root = Path(tempfile.mkdtemp(prefix="hpt-k8s-", dir="/tmp"))
+        self.token = secrets.token_hex(32)
+        self.gcs_port, self.dashboard_port = _free_port(), _free_port()
+        self.env = {**BASE_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token}
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+
+    def _ray_start(self, temp_dir: Path, *args: str) -> None:
+        # One temp dir per node, as on separate machines: nodes sharing one would share
+        # runtime_resources/, and a node dropping an unused working_dir would delete it under
+        # a driver still running on the other node.
+        ray = str(Path(PY).parent / "ray")
+        r = subprocess.run([ray, "start", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+                            "--object-store-memory=100000000", "--disable-usage-stats",
+                            f"--temp-dir={temp_dir}", *_ports(), *args],
+                           env={**self.env, "RAY_TMPDIR": str(temp_dir)}, capture_output=True, text=True,
+                           timeout=180)
+        assert r.returncode == 0, f"ray start {args} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+
+    def start(self) -> None:
+        self._ray_start(self.root / "head", "--head", f"--port={self.gcs_port}", "--include-dashboard=true",
+                        "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+                        f"--ray-client-server-port={_free_port()}")
+        self._ray_start(self.root / "worker", f"--address=127.0.0.1:{self.gcs_port}")
+        deadline = time.monotonic() + 90
+        while len(self.alive_nodes()) < 2:
+            assert time.monotonic() < deadline, f"2 nodes never came up: {self.alive_nodes()}"
+            time.sleep(1)
+
+    def alive_nodes(self) -> list[str]:
+        """Node IDs the cluster reports ALIVE, asked through the dashboard's state API."""
+        try:
+            r = requests.get(f"{self.address}/api/v0/nodes", timeout=10,
+                             headers={"Authorization": f"Bearer {self.token}"})
+            rows = r.json()["data"]["result"]["result"]
+        except (requests.RequestException, KeyError, ValueError):
+            return []
+        return [n["node_id"] for n in rows if n["state"] == "ALIVE"]
+
+    def processes(self) -> list[psutil.Process]:
+        mine, marker = [], str(self.root)
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if marker in " ".join(p.info["cmdline"] or []) or p.environ().get("RAY_TMPDIR", "").startswith(marker):
+                    mine.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        return [p for p in mine if p.pid != os.getpid()]
+
+    def stop(self) -> None:
+        procs = self.processes()
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=5)
+        for p in alive:  # gcs_server and raylet can ignore SIGTERM for a while
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=10)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LoopbackCluster]:
+    c = LoopbackCluster()
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+    assert not c.processes(), "processes of the test cluster survived stop()"
+
+
+# Runs as the job's driver: tasks spread over both nodes, each reporting its node, whether the
+# working_dir (the project) carried the spec there, and where hptransfer was imported from.
+PROBE = """
+import os, sys, ray
+ray.init()
+@ray.remote(num_cpus=1, scheduling_strategy="SPREAD")
+def probe():
+    import time, hptransfer
+    time.sleep(2)
+    return (ray.get_runtime_context().get_node_id(), os.path.isfile("search_spaces/quickstart.yaml"),
+            hptransfer.__file__)
+rows = ray.get([probe.remote() for _ in range(4)])
+for r in rows: print("PROBE", *r)
+nodes = {r[0] for r in rows}
+print("NODES", len(nodes))
+sys.exit(0 if len(nodes) == 2 and all(r[1] for r in rows) else 5)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ray_cluster_launcher_on_a_two_node_cluster(cluster: LoopbackCluster) -> None:
+    nodes_before = set(cluster.alive_nodes())
+    assert len(nodes_before) == 2
+    env = cluster.env  # the launcher is a client only: no RAY_TMPDIR of its own needed
+    ok = run_launcher("ray_cluster.py", str(SPEC), "--address", cluster.address,
+                      "--entrypoint", shlex.join([PY, "-c", PROBE]), env=env, timeout=300)
+    out = ok.stdout + ok.stderr
+    assert ok.returncode == 0, out[-6000:]
+    assert "NODES 2" in out and "SUCCEEDED (exit 0)" in out
+    probes = [ln.split() for ln in out.splitlines() if ln.startswith("PROBE ")]
+    assert {p[1] for p in probes} == nodes_before, "tasks ran on both nodes of this cluster"
+    assert all(p[2] == "True" for p in probes), "the spec travelled with the working_dir"
+    # the package came from the job's py_modules upload, not the venv's editable install
+    assert all("runtime_resources" in p[3] for p in probes), probes
+
+    failing = run_launcher("ray_cluster.py", str(SPEC), "--address", cluster.address,
+                           "--entrypoint", shlex.join([PY, "-c", "import sys; print('boom'); sys.exit(3)"]),
+                           env=env, timeout=300)
+    assert failing.returncode == 3, failing.stdout[-3000:] + failing.stderr[-3000:]
+    assert "boom" in failing.stdout and "FAILED (exit 3)" in failing.stderr
+    assert set(cluster.alive_nodes()) == nodes_before, "both nodes still alive after the jobs"
+
+
+def _tiny_project(root: Path) -> Path:
+    """A copy of the project whose only spec is the quickstart cut to 2 widths x 2 LRs x 10 steps
+    (about a minute on 2 CPUs): the real `hpt sweep`, small enough for CI."""
+    root.mkdir()
+    shutil.copy(REPO / "pyproject.toml", root)
+    shutil.copytree(REPO / "platform" / "hptransfer", root / "platform" / "hptransfer",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    spec = yaml.safe_load(SPEC.read_text())
+    spec["name"] = "loopback"
+    spec["sweep"]["widths"] = spec["sweep"]["widths"][:2]
+    spec["sweep"]["grid"] = {"lr": [0.01, 0.1]}
+    spec["sweep"]["steps"] = 10
+    spec["sweep"]["seeds"] = [0]
+    spec["data"]["max_files"] = 50
+    (root / "search_spaces").mkdir()
+    (root / "search_spaces" / "loopback.yaml").write_text(yaml.safe_dump(spec))
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_hpt_sweep_through_the_launcher_runs_trials_on_both_nodes(cluster: LoopbackCluster,
+                                                                   tmp_path: Path) -> None:
+    import mlflow
+
+    project = _tiny_project(tmp_path / "project")
+    study = tmp_path / "study"  # same filesystem for both nodes, like a shared PVC
+    tracking = f"sqlite:///{study / 'mlflow.db'}"
+    r = run_launcher("ray_cluster.py", str(project / "search_spaces" / "loopback.yaml"),
+                     "--address", cluster.address, "--verb", "sweep", "--working-dir", str(project),
+                     "--tracking-uri", tracking, "--study-dir", str(study), env=cluster.env, timeout=500)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-8000:]
+    assert "--address auto" in out and "SUCCEEDED (exit 0)" in out
+    import pandas as pd
+
+    table = pd.read_csv(study / "sweep_results.csv")
+    assert len(table) == 4 and set(table["status"]) == {"ok"}, table
+    # Trials are Tune actors: the cluster's state API says where each one ran.
+    actors = requests.get(f"{cluster.address}/api/v0/actors", params={"limit": 10000, "detail": "true"},
+                          headers={"Authorization": f"Bearer {cluster.token}"}, timeout=30).json()
+    rows = actors["data"]["result"]["result"]
+    trial_nodes = {a["node_id"] for a in rows if "ImplicitFunc" in a["class_name"]}
+    assert trial_nodes == set(cluster.alive_nodes()), (
+        f"trials ran on {trial_nodes}, cluster has {cluster.alive_nodes()}; "
+        f"actor classes: {sorted({a['class_name'] for a in rows})}")
+    client = mlflow.MlflowClient(tracking)
+    runs = [run for e in client.search_experiments() for run in client.search_runs([e.experiment_id])]
+    parents = [x for x in runs if "mlflow.parentRunId" not in x.data.tags]
+    children = [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(parents) == 1 and len(children) == 4, [x.info.run_name for x in runs]
+    assert all("val_loss" in c.data.metrics for c in children)

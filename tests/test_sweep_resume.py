@@ -1,0 +1,89 @@
+"""A sweep survives its driver being SIGKILLed: the same command resumes it, finished trials are
+not trained again, the table ends complete and MLflow has no duplicate children. Plus ASHA."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import mlflow
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import tiny_spec_dict
+
+pytestmark = pytest.mark.slow
+LINE = re.compile(r"\[sweep \d+/\d+\] width=(\d+) lr=(\S+) seed=(\d+) -> (.*?) val_loss")
+
+
+def _sweep_cmd(spec_path, study):
+    return [sys.executable, "-m", "hptransfer", "sweep", str(spec_path), "--study-dir", str(study)]
+
+
+def test_resume_after_sigkill_of_the_driver(tmp_path):
+    spec = tiny_spec_dict(name="resume", sweep={"widths": [16, 32], "grid": {"lr": [0.003, 0.01, 0.03, 0.1]}, "steps": 60})
+    spec_path = tmp_path / "resume.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    study = tmp_path / "study"
+    # Run 1 in its own session so the kill takes the driver and the Ray it started, like a node crash.
+    p = subprocess.Popen(_sweep_cmd(spec_path, study), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    finished_before, deadline = set(), time.time() + 300
+    for line in p.stdout:
+        m = LINE.search(line)
+        if m:
+            finished_before.add(m.groups()[:3])
+        if len(finished_before) >= 3 or time.time() > deadline:
+            break
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert len(finished_before) >= 3, "the sweep did not get going"
+    assert not (study / "sweep_results.csv").exists()
+
+    r = subprocess.run(_sweep_cmd(spec_path, study), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "resuming the sweep" in r.stdout
+    second = {m.groups()[:3]: m.group(4) for m in map(LINE.search, r.stdout.splitlines()) if m}
+    for trial in finished_before:  # never trained twice: either restored by Tune or replayed
+        assert trial not in second or "not run again" in second[trial], (trial, second.get(trial))
+    df = pd.read_csv(study / "sweep_results.csv")
+    assert len(df) == 8 and (df.status == "ok").all()
+    assert len(df.drop_duplicates(["width", "lr", "seed"])) == 8
+
+    mlflow.set_tracking_uri(f"sqlite:///{study / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["resume"])
+    assert (runs["tags.hpt.kind"] == "sweep").sum() == 1 and (runs["tags.hpt.kind"] == "trial").sum() == 8
+
+    # A third run finds the sweep finished: nothing trains, nothing is logged twice.
+    r3 = subprocess.run(_sweep_cmd(spec_path, study), capture_output=True, text=True, timeout=600)
+    assert r3.returncode == 0, r3.stderr[-3000:]
+    assert (mlflow.search_runs(experiment_names=["resume"])["tags.hpt.kind"] == "trial").sum() == 8
+
+
+def test_asha_stops_poor_trials_and_marks_them(ray_local, tmp_path):
+    from hptransfer.spec import parse_spec
+    from hptransfer.sweep.runner import run_sweep
+
+    # Good LRs first so the poor ones meet a populated rung and get cut.
+    spec = parse_spec(tiny_spec_dict(name="asha", sweep={
+        "widths": [16, 32], "grid": {"lr": [0.03, 0.01, 1e-6, 3e-6, 1e-5]}, "steps": 40, "reports": 4,
+        "scheduler": "asha", "asha_grace_fraction": 0.25, "asha_reduction_factor": 3}))
+    df, _ = run_sweep(spec, tmp_path)
+    stopped = df[df.status == "stopped"]
+    assert len(stopped) >= 1, df[["width", "lr", "status", "steps_done"]]
+    assert (stopped.steps_done < 40).all() and stopped.val_loss.notna().all()
+    assert (df[df.status == "ok"].steps_done == 40).all()
+    assert stopped.lr.max() <= 1e-5 or len(stopped) > 2  # it is the poor LRs that get cut
+
+
+def test_resources_beyond_the_cluster_are_refused_before_any_trial(ray_local, tmp_path):
+    from hptransfer.spec import parse_spec
+    from hptransfer.sweep.runner import SweepError, run_sweep
+
+    spec = parse_spec(tiny_spec_dict(sweep={"cpus_per_trial": 64, "gpus_per_trial": 1}))
+    with pytest.raises(SweepError, match=r"cpus_per_trial=64 exceeds the cluster's 2 CPUs.*gpus_per_trial=1 exceeds"):
+        run_sweep(spec, tmp_path)
+    assert not (tmp_path / "ray_results" / "sweep").exists()

@@ -1,0 +1,102 @@
+"""The large run on Ray Train + DeepSpeed (2 CPU workers, gloo): µP's per-group learning rates
+inside the running engine, a worker killed mid-run, and `--resume` of a stopped run. The final loss
+after a restart matches an uninterrupted run's, because data, model and optimizer state are all
+restored from the checkpoint."""
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_spec_dict
+from hptransfer.spec import parse_spec
+from hptransfer.transfer.plan import TargetShape, TransferPlan
+
+pytestmark = pytest.mark.slow
+STEPS = 60
+
+
+def _plan(**train) -> TransferPlan:
+    spec = parse_spec(tiny_spec_dict(model={"family": "llama", "head_dim": 16, "seq_len": 32, "depth": 2},
+                                     train={"checkpoint_every": 5, "eval_every": 30, **train}))
+    return TransferPlan(study="train-test", rule="mup", model=spec.model, base_width=32,
+                        target=TargetShape(width=128, steps=STEPS, batch_size=8, seq_len=32),
+                        hyperparameters={"lr": 0.01, "weight_decay": 0.1, "warmup_steps": 5}, data=spec.data,
+                        train=spec.train)
+
+
+def _kill_rank1_after_first_checkpoint(out: Path, killed: list):
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        # rank 0 writes progress.json after reporting a checkpoint; Ray Train's controller registers
+        # it (writing its snapshot) a moment later: kill only once both are on disk.
+        progress, snapshot = out / "progress.json", out / "ray_results" / "train" / "checkpoint_manager_snapshot.json"
+        if progress.exists() and snapshot.exists() and "checkpoint_" in snapshot.read_text():
+            pid = int((out / "pids" / "rank1").read_text())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+            return
+        time.sleep(0.02)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(ray_local, tmp_path_factory):
+    from hptransfer.train.runner import run_train
+
+    out = tmp_path_factory.mktemp("train_a")
+    metrics = run_train(_plan(), out)
+    return out, metrics
+
+
+def test_mup_learning_rates_inside_the_engine(uninterrupted):
+    out, metrics = uninterrupted
+    assert metrics["status"] == "ok" and metrics["step"] == STEPS
+    groups = json.loads((out / "engine_param_groups.json").read_text())
+    m = 128 / 32  # width_mult
+    by_lr = {round(g["lr"], 12): g for g in groups}
+    # MuAdamW: hidden matrices get lr / width_mult and (independent form) weight_decay × width_mult;
+    # vector-like parameters (norms, embeddings, the MuReadout) keep the base LR.
+    assert set(by_lr) == {round(0.01 / m, 12), 0.01}
+    hidden = by_lr[round(0.01 / m, 12)]
+    assert hidden["weight_decay"] == pytest.approx(0.1 * m) and hidden["numel"] > 0.8 * sum(g["numel"] for g in groups)
+    assert {g["weight_decay"] for g in groups if g["lr"] == pytest.approx(0.01)} == {0.1, 0.0}
+    assert (out / "hf_model" / "config.json").exists()
+
+
+def test_killed_worker_restarts_from_checkpoint_and_matches(uninterrupted, tmp_path):
+    from hptransfer.train.runner import run_train
+
+    _, ref = uninterrupted
+    killed = []
+    watcher = threading.Thread(target=_kill_rank1_after_first_checkpoint, args=(tmp_path, killed), daemon=True)
+    watcher.start()
+    metrics = run_train(_plan(max_failures=2), tmp_path)
+    watcher.join(5)
+    assert killed, "no worker was killed"
+    assert 0 < metrics["resumed_from_step"] < STEPS, metrics
+    assert metrics["step"] == STEPS and metrics["status"] == "ok"
+    assert metrics["train_loss"] == pytest.approx(ref["train_loss"], rel=1e-3)
+    assert metrics["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-3)
+
+
+def test_stopped_run_continues_with_resume(uninterrupted, tmp_path):
+    from hptransfer.train.dsconfig import PlanError
+    from hptransfer.train.runner import run_train
+
+    _, ref = uninterrupted
+    killed = []
+    watcher = threading.Thread(target=_kill_rank1_after_first_checkpoint, args=(tmp_path, killed), daemon=True)
+    watcher.start()
+    with pytest.raises(Exception):  # no restarts allowed: the run stops
+        run_train(_plan(max_failures=0), tmp_path)
+    watcher.join(5)
+    assert killed
+    with pytest.raises(PlanError, match="--resume"):
+        run_train(_plan(), tmp_path)  # refuses to silently overwrite the stopped run
+    metrics = run_train(_plan(), tmp_path, resume=True)
+    assert 0 < metrics["resumed_from_step"] < STEPS
+    assert metrics["train_loss"] == pytest.approx(ref["train_loss"], rel=1e-3)

@@ -1,0 +1,41 @@
+"""The DeepSpeed config a plan implies, validated by DeepSpeed's own config class."""
+
+import pytest
+
+from conftest import tiny_spec_dict
+from hptransfer.spec import parse_spec
+from hptransfer.train.dsconfig import PlanError, deepspeed_config, micro_batching
+from hptransfer.transfer.plan import TargetShape, TransferPlan
+
+
+def _plan(**train):
+    spec = parse_spec(tiny_spec_dict(train=train))
+    return TransferPlan(study="t", rule="mup", model=spec.model, base_width=16,
+                        target=TargetShape(width=64, steps=5, batch_size=12, seq_len=16),
+                        hyperparameters={"lr": 0.01}, data=spec.data, train=spec.train)
+
+
+@pytest.mark.parametrize("batch,workers,max_micro,expect", [(12, 2, None, (6, 1)), (12, 3, 2, (2, 2)), (16, 4, 3, (2, 2))])
+def test_micro_batching_hits_the_global_batch(batch, workers, max_micro, expect):
+    micro, accum = micro_batching(batch, workers, max_micro)
+    assert (micro, accum) == expect and micro * accum * workers == batch
+
+
+def test_config_is_accepted_by_deepspeed():
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    # Without a process group DeepSpeed sees one rank; the 2-rank config runs in test_pipeline.
+    ds = DeepSpeedConfig(deepspeed_config(_plan(zero_stage=2), workers=1, max_micro_batch=4))
+    assert ds.zero_optimization_stage == 2 and ds.train_batch_size == 12
+    assert (ds.train_micro_batch_size_per_gpu, ds.gradient_accumulation_steps) == (4, 3)
+    assert ds.gradient_clipping == 0.0 and not ds.bfloat16_config.enabled  # as in the sweep: off
+
+
+def test_indivisible_batch_is_refused_with_the_fix():
+    with pytest.raises(PlanError, match="not divisible by train.workers=5"):
+        deepspeed_config(_plan(), workers=5)
+
+
+def test_zero3_with_mup_is_refused():
+    with pytest.raises(PlanError, match="ZeRO-3 partitions parameters"):
+        deepspeed_config(_plan(zero_stage=3), workers=2)
