@@ -7,7 +7,6 @@ Run: .venv/bin/python benchmarks/dp_noise_table.py   → benchmarks/results/dp_n
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 import sys

@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Tiny models on 2 shared cores: one thread each is far faster than oversubscribed thread pools
+# (trials and workers set their own thread counts from the spec).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from hptransfer.env import configure  # noqa: E402
 
@@ -96,3 +99,12 @@ def mlflow_server(tmp_path_factory):
         proc.wait(10)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_tracking_uri():
+    """`mlflow.set_tracking_uri` also sets $MLFLOW_TRACKING_URI, which `hpt` honours and child
+    processes inherit: keep one test's store from leaking into the next."""
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    yield
+    os.environ.pop("MLFLOW_TRACKING_URI", None)

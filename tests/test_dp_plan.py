@@ -54,7 +54,8 @@ def test_clip_grid_moves_up_as_epsilon_falls_and_lr_scales_with_sqrt_b():
     loose, tight = rule.clip_grid(8.0, 2.0, factors), rule.clip_grid(0.5, 2.0, factors)
     assert loose == [1.0, 2.0, 4.0]  # no shift at ε ≥ ε_ref
     assert rule.clip_grid(16.0, 2.0, factors) == loose
-    assert tight == pytest.approx([1.0, 2.0, 4.0, 8.0, 16.0])  # ∪ ×(8/0.5)^0.5 = ×4
+    assert tight == pytest.approx([1.0, 2.0, 4.0, 8.0, 16.0])  # extended up to ×(8/0.5)^0.5 = ×4
+    assert rule.clip_grid(1.0, 2.0, factors) == pytest.approx([1.0, 2.0, 4.0, 2 * 8 ** 0.5, 4 * 8 ** 0.5])  # only points above
     assert rule.clip_grid(0.5, 2.0, factors, exponent=0.0) == loose
     assert rule.lr_scale(256, 256) == 1.0 and rule.lr_scale(256, 1024) == pytest.approx(2.0)
     assert rule.class_clip_weights([1.0, 4.0, 2.0], [0, 0, 1], clip=2.0) == {0: 0.75, 1: 1.0}

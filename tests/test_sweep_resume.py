@@ -87,3 +87,17 @@ def test_resources_beyond_the_cluster_are_refused_before_any_trial(ray_local, tm
     with pytest.raises(SweepError, match=r"cpus_per_trial=64 exceeds the cluster's 2 CPUs.*gpus_per_trial=1 exceeds"):
         run_sweep(spec, tmp_path)
     assert not (tmp_path / "ray_results" / "sweep").exists()
+
+
+def test_a_trial_that_raises_is_recorded_as_failed_and_the_sweep_goes_on(ray_local, tmp_path):
+    from hptransfer.spec import parse_spec
+    from hptransfer.sweep.runner import run_sweep
+
+    # beta1=1.5 makes torch's AdamW raise at construction: a crashing trial, not a diverging one.
+    spec = parse_spec(tiny_spec_dict(name="fails", sweep={"grid": {"lr": [0.01], "beta1": [0.9, 1.5]}, "steps": 6}))
+    df, _ = run_sweep(spec, tmp_path)
+    assert len(df) == 4
+    bad, good = df[df.beta1 == 1.5], df[df.beta1 == 0.9]
+    assert (bad.status == "failed").all() and bad.val_loss.isna().all()
+    assert bad.error.str.contains("beta").all()
+    assert (good.status == "ok").all()

@@ -67,6 +67,19 @@ def test_mup_learning_rates_inside_the_engine(uninterrupted):
     assert (out / "hf_model" / "config.json").exists()
 
 
+def test_saved_hf_model_reloads_with_mup_intact(uninterrupted):
+    from hptransfer.data import load_corpus
+    from hptransfer.models.build import load_trained
+    from hptransfer.sweep.trial import evaluate
+
+    out, metrics = uninterrupted
+    plan = _plan()
+    model = load_trained(plan.model, plan.target.width, plan.base_width, str(out / "hf_model"))
+    assert model.lm_head.width_mult() == 128 / 32  # MuReadout back, base shapes set
+    val = load_corpus(plan.data.val_fraction, plan.data.max_files).val_batches(plan.data.eval_batches, 8, 32)
+    assert evaluate(model, val) == pytest.approx(metrics["val_loss"], abs=1e-5)
+
+
 def test_killed_worker_restarts_from_checkpoint_and_matches(uninterrupted, tmp_path):
     from hptransfer.train.runner import run_train
 

@@ -96,6 +96,8 @@ def train(plan: Path = typer.Argument(..., help="transfer_plan.yaml written by `
           study_dir: Optional[Path] = typer.Option(None, "--study-dir", "-o", help="Default: the plan's folder."),
           tracking_uri: Optional[str] = TRACKING, address: Optional[str] = ADDRESS,
           workers: Optional[int] = typer.Option(None, help="Ray Train workers (DeepSpeed ranks). Default: the plan's train.workers."),
+          gpus_per_worker: Optional[float] = typer.Option(None, "--gpus-per-worker", help="GPUs per worker (NCCL and bf16 when > 0). Default: the plan's train.gpus_per_worker."),
+          cpus_per_worker: Optional[float] = typer.Option(None, "--cpus-per-worker", help="CPUs per worker (also its torch threads). Default: the plan's."),
           resume: bool = typer.Option(False, "--resume", help="Continue a stopped run from its latest checkpoint."),
           restart: bool = typer.Option(False, "--restart", help="Discard a previous run in the same folder and start over.")):
     """Train the target model from a plan with Ray Train + DeepSpeed (CPU/gloo here, GPU/NCCL when present)."""
@@ -108,6 +110,7 @@ def train(plan: Path = typer.Argument(..., help="transfer_plan.yaml written by `
         _fail(f"plan not found: {plan} (make one with `hpt transfer`)")
     try:
         metrics = train_stage(plan, study_dir, tracking_uri=tracking_uri, address=address, workers=workers,
+                              gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
                               resume=resume, restart=restart, log=console.print)
     except PlanError as e:
         _fail(str(e))

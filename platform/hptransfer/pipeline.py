@@ -65,15 +65,19 @@ def transfer_stage(spec, study_dir=None, *, sweep_run_id: str | None = None):
     return save_plan(plan, study_dir / "transfer_plan.yaml"), plan
 
 
-def train_stage(plan_path, study_dir=None, *, tracking_uri=None, address=None, workers=None, resume=False,
-                restart=False, log=print):
+def train_stage(plan_path, study_dir=None, *, tracking_uri=None, address=None, workers=None, gpus_per_worker=None,
+                cpus_per_worker=None, resume=False, restart=False, log=print):
     from hptransfer.train.runner import run_train
     from hptransfer.transfer.plan import load_plan
 
     plan = load_plan(plan_path)
+    knobs = {k: v for k, v in (("workers", workers), ("gpus_per_worker", gpus_per_worker),
+                               ("cpus_per_worker", cpus_per_worker)) if v is not None}
+    if knobs:  # command-line scale knobs override the plan's train settings
+        plan = plan.model_copy(update={"train": plan.train.model_copy(update=knobs)})
     study_dir = Path(study_dir or Path(plan_path).parent).resolve()
     uri = resolve_tracking_uri(study_dir, None, tracking_uri)
-    return run_train(plan, study_dir / "train", tracking_uri=uri, address=address, workers=workers,
+    return run_train(plan, study_dir / "train", tracking_uri=uri, address=address,
                      resume=resume, restart=restart, log=log)
 
 

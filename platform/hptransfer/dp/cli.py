@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 
@@ -95,7 +95,7 @@ def _print_plan(plan) -> None:
     con.print(t)
     con.print(f"B = {plan.batch_size} (q = {plan.sample_rate:.4g}), T = {plan.steps}, σ = {plan.noise_multiplier:.4g}, "
               f"ε spent = {plan.epsilon_check:.4g} ≤ {c.epsilon:g}")
-    con.print(f"clipping grid C = {[float(f'{x:.3g}') for x in plan.clip_grid]} (base grid ∪ base ×{plan.clip_shift:.3g}); "
+    con.print(f"clipping grid C = {[float(f'{x:.3g}') for x in plan.clip_grid]} (base grid extended up to ×{plan.clip_shift:.3g}); "
               f"start at C = {plan.clip:.3g} (clip_reference)")
     con.print(f"LR when moving from a tuned batch B to B′: η′ = η·√(B′/B); to B′={plan.batch_size}: "
               f"η·{plan.batch_size ** 0.5:.3g}/√B")

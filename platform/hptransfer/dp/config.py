@@ -27,7 +27,7 @@ class DPConfig(BaseModel):
     epsilon_tolerance: float = Field(0.01, gt=0, description="Binary-search precision of opacus' get_noise_multiplier (σ lands slightly above the exact value, so ε ≤ target holds).")
     clip_reference: float = Field(1.0, gt=0, description="Scale of the clipping grid: a typical per-example gradient norm measured on PUBLIC data (never the private set, whose norms are not private).")
     clip_factors: list[float] = Field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0, 8.0], description="Log-spaced multiples of clip_reference: the base C grid, extended upward by the ε shift.")
-    clip_shift_exponent: float = Field(0.5, ge=0, description="γ in the upward extension: grid ∪ grid·(ε_ref/ε)^γ for ε < ε_ref (see rule.clip_shift); 0 disables it.")
+    clip_shift_exponent: float = Field(0.5, ge=0, description="γ in the upward extension of the grid by (ε_ref/ε)^γ for ε < ε_ref (see rule.clip_shift, rule.clip_grid); 0 disables it.")
     clip_shift_reference_epsilon: float = Field(8.0, gt=0, description="ε_ref: at or above this ε the grid is not shifted.")
     lr: float | None = Field(None, gt=0, description="A learning rate tuned at lr_reference_batch; the plan scales it by √(B/B_ref). Null: the plan reports only the scale factor.")
     lr_reference_batch: int | None = Field(None, ge=1, description="B_ref, the batch size lr was tuned at. Required when lr is set.")

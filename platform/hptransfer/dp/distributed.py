@@ -14,12 +14,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class DistributedDPConfig(BaseModel):
+    """One distributed DP fine-tuning run; σ, B and T come from `dp_plan_for`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
     batch_size: int = Field(..., ge=1, description="Global expected batch B (q = B/N).")
     steps: int = Field(..., ge=1, description="T, from the plan.")
     noise_multiplier: float = Field(..., ge=0)
@@ -27,7 +31,7 @@ class DistributedDPConfig(BaseModel):
     lr: float = Field(..., gt=0)
     target_epsilon: float = Field(..., gt=0)
     delta: float = Field(..., gt=0, lt=1)
-    accountant: str = "prv"
+    accountant: Literal["prv", "rdp"] = "prv"
     seed: int = 0
     workers: int = Field(2, ge=1, description="Ray Train workers (gloo ranks).")
     tracking_uri: str | None = Field(None, description="MLflow URI; rank 0 logs ε and accuracy per pass when set.")

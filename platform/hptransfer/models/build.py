@@ -124,3 +124,26 @@ def lm_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
 
 def param_count(model: nn.Module, non_embedding: bool = False) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if not (non_embedding and "embed" in n))
+
+
+def load_trained(spec: ModelSpec, width: int, base_width: int, path: str) -> nn.Module:
+    """A model saved by the large run (`save_pretrained`) back in memory, µP intact.
+
+    `save_pretrained` stores µP's MuReadout as a plain `lm_head` Linear and drops `infshape`;
+    from_pretrained would then apply no 1/width_mult on the readout. We swap the MuReadout back in
+    and set base shapes with rescale_params=False, so the saved weights are used as they are."""
+    if spec.family != "llama":
+        raise ValueError(f"load_trained reads Hugging Face checkpoints; model.family={spec.family!r} has none")
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(path)
+    if spec.parametrization == "mup":
+        from mup import MuReadout, set_base_shapes
+
+        readout = MuReadout(width, VOCAB_SIZE, bias=False, readout_zero_init=False, output_mult=spec.output_mult)
+        readout.weight.data.copy_(model.lm_head.weight.data)
+        model.lm_head = readout
+        with torch.device("meta"):
+            base, delta = _raw(spec, base_width, True), _raw(spec, 2 * base_width, True)
+        set_base_shapes(model, base, delta=delta, rescale_params=False)
+    return model.eval()

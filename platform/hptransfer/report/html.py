@@ -50,7 +50,8 @@ def _table(header: list[str], rows: list[list[str]], classes: list[str] | None =
     for j, r in enumerate(rows):
         cls = f' class="{classes[j]}"' if classes and classes[j] else ""
         body.append(f"<tr{cls}>" + "".join(f'<td class="{"l" if i < left else ""}">{c}</td>' for i, c in enumerate(r)) + "</tr>")
-    return f"<table><tr>{th}</tr>{''.join(body)}</table>"
+    head = f"<tr>{th}</tr>" if any(header) else ""  # key–value tables need no header row
+    return f"<table>{head}{''.join(body)}</table>"
 
 
 def _missing(what: str, command: str) -> str:
@@ -71,7 +72,7 @@ def _summary(spec, plan, final: dict | None) -> str:
     rows = [["family / parametrization", f"{_g(spec.model.family)} / {_g(spec.model.parametrization)}"],
             ["depth, head_dim, seq_len", f"{spec.model.depth}, {spec.model.head_dim}, {spec.model.seq_len}"],
             ["width ladder", _g(spec.sweep.widths)],
-            ["grid", _g(json.dumps(spec.sweep.grid))],
+            ["grid", escape("; ".join(f"{k}: " + ", ".join(f"{v:.3g}" for v in vals) for k, vals in spec.sweep.grid.items()))],
             ["fixed", _g(json.dumps(spec.sweep.fixed))],
             ["sweep steps × batch, seeds", f"{spec.sweep.steps} × {spec.sweep.batch_size}, {_g(spec.sweep.seeds)}"],
             ["transfer rule", f"<code>{_g(spec.transfer.rule)}</code>"],

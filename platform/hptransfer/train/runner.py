@@ -10,7 +10,7 @@ from hptransfer.transfer.plan import TransferPlan, load_plan, save_plan
 
 
 def run_train(plan: TransferPlan | str | Path, out_dir: str | Path, *, tracking_uri: str | None = None,
-              experiment: str | None = None, address: str | None = None, workers: int | None = None,
+              experiment: str | None = None, address: str | None = None,
               resume: bool = False, restart: bool = False, log=print) -> dict:
     """Run (or, with resume=True, continue from its latest checkpoint) the large run into out_dir."""
     import shutil
@@ -25,8 +25,6 @@ def run_train(plan: TransferPlan | str | Path, out_dir: str | Path, *, tracking_
     from hptransfer.train.loop import train_loop_per_worker
 
     plan = plan if isinstance(plan, TransferPlan) else load_plan(plan)
-    if workers:
-        plan = plan.model_copy(update={"train": plan.train.model_copy(update={"workers": workers})})
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     previous = out / "ray_results" / "train"

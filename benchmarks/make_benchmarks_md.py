@@ -1,0 +1,184 @@
+"""Generate BENCHMARKS.md from benchmarks/results/*.json: for every result, the command that
+reproduces it, the machine it ran on, the date, its figure and its numbers. Nothing is typed by
+hand: rerun a benchmark, then this script.
+
+`transfer_regret` and `paper_claims` get their own tables; any other result is rendered
+generically (scalars, and lists of records as tables), so a new benchmark shows up without edits.
+
+Run: .venv/bin/python benchmarks/make_benchmarks_md.py   → BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT / "platform"))
+
+
+def g(x, fmt: str = ".4g") -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, int) or (isinstance(x, float) and x.is_integer() and abs(x) < 1e9):
+        return str(int(x))  # batch sizes, step counts: never 1.638e+04
+    if isinstance(x, float):
+        return format(x, fmt) if math.isfinite(x) else "—"
+    return str(x).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(header: list[str], rows: list[list]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(g(c) if not isinstance(c, str) else c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def script_doc(stem: str) -> tuple[str, str | None]:
+    """(first docstring line, the `Run:` command) of benchmarks/<stem>.py, if it exists."""
+    path = ROOT / "benchmarks" / f"{stem}.py"
+    if not path.is_file():
+        return stem, None
+    text = path.read_text()
+    m = re.search(r'^"""(.*?)"""', text, re.S)
+    doc = m.group(1) if m else ""
+    run = re.search(r"^Run:\s*(.+?)(\s+→.*)?$", doc, re.M)
+    first = " ".join(doc.strip().split("\n\n")[0].split())
+    return first, run.group(1).strip() if run else f".venv/bin/python benchmarks/{stem}.py"
+
+
+def header(stem: str, d: dict, path: Path) -> str:
+    title, run = script_doc(stem)
+    date = d.get("date") or (dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds")
+                             + " (file time)")
+    m = d.get("machine")
+    machine = ", ".join(f"{k}={v}" for k, v in m.items()) if isinstance(m, dict) else (m or "not recorded")
+    fig = d.get("figure") or (f"benchmarks/results/{stem}.png" if (RESULTS / f"{stem}.png").is_file() else None)
+    lines = [f"## {stem}", "", title, "",
+             f"- command: `{d.get('command') or run}`", f"- machine: {machine}", f"- date: {date}",
+             f"- data: [`benchmarks/results/{path.name}`](benchmarks/results/{path.name})"]
+    for k in ("wall_s", "seconds"):
+        if isinstance(d.get(k), (int, float)):
+            lines.append(f"- wall time: {d[k]:.0f} s")
+    out = "\n".join(lines) + "\n"
+    if fig:
+        out += f"\n![{stem}]({fig})\n"
+    return out
+
+
+def regret_section(d: dict) -> str:
+    s = d["setting"]
+    rows = [[r["name"], r["parametrization"], g(r["transferred_lr"]), g(r["target_loss"]), g(r["best_direct_lr"]),
+             g(r["best_direct_loss"]),
+             "—" if r["relative_regret"] is None else f"{100 * r['relative_regret']:+.2f}%",
+             f"{100 * r['compute_fraction']:.1f}%", g(r["predicted_penalty"]), g(r["flagged"]),
+             "; ".join(r["warnings"]) or "—"]
+            for r in d["rules"]]
+    t = md_table(["rule", "param.", "transferred lr", "target loss", "best direct lr", "best direct loss",
+                  "relative regret", "compute (FLOPs) vs direct", "predicted penalty", "flagged", "diagnostics' warnings"], rows)
+    goal = [r for r in d["rules"] if r["rule"].startswith("mup") and r["parametrization"] == "mup"]
+    met = all(r["goal_met"] for r in goal)
+    big = [r["name"] for r in d["rules"] if (r["relative_regret"] or 0) > 0.02]
+    unflagged = [r["name"] for r in d["rules"] if (r["relative_regret"] or 0) > 0.02 and not r["flagged"]]
+    curves = []
+    for p, dd in d["direct"].items():
+        curves.append(f"- {p} direct sweep at width {s['target']}: " + ", ".join(
+            f"{c['lr']:g}→{g(c['val_loss'])}" for c in dd["curve"])
+            + f" (ladder {dd['ladder_wall_s']:.0f} s vs direct {dd['direct_wall_s']:.0f} s of training wall time)")
+    return (f"\nLadder {s['ladder']} → target {s['target']} ({s['width_ratio']:.0f}×), {s['steps']} steps × batch {s['batch']} × seq "
+            f"{s['seq_len']}, depth {s['depth']}, head_dim {s['head_dim']}, AdamW λ={s['weight_decay']}, seed {s['seed']}; "
+            f"LR grids (factor 2): µP {s['grids']['mup'][0]:g}…{s['grids']['mup'][-1]:g}, SP {s['grids']['sp'][0]:g}…{s['grids']['sp'][-1]:g}.\n\n"
+            + t + "\n\n"
+            + f"Goal (µP regret ≤ 1% at ≥ 8× width for ≤ 10% of the direct sweep's FLOPs): **{'met' if met else 'missed'}**. "
+            + f"Regret above 2%: {', '.join(big) or 'none'}; of those not flagged by the diagnostics: {', '.join(unflagged) or 'none'}.\n\n"
+            + "\n".join(curves) + "\n")
+
+
+def claims_section(d: dict) -> str:
+    out = []
+    c = d["mup_vs_sp"]
+    rows = []
+    for p in ("mup", "sp"):
+        for w, o in sorted(c[p]["optima"].items(), key=lambda kv: int(kv[0])):
+            rows.append([p, w, g(o["best_grid_lr"]), str(o["grid_index"]), g(o["fitted_lr"]), g(o["best_loss"]), g(o["on_edge"])])
+    out.append("### 1. µP keeps the optimum, SP drifts (Tensor Programs V)\n\n"
+               + md_table(["param.", "width", "best grid lr", "grid index", "fitted lr*", "best loss", "on edge"], rows)
+               + f"\n\n{c['verdict']} Claim {'reproduced' if c['holds'] else 'NOT reproduced'} at this scale.\n")
+    c = d["weight_decay"]
+    rows = []
+    for mode in ("independent", "standard"):
+        for w, o in sorted(c[mode]["optima"].items(), key=lambda kv: int(kv[0])):
+            rows.append([mode, w, g(o["best_grid_lr"]), g(o["fitted_lr"]), g(o["best_loss"])])
+    out.append("### 2. Independent vs standard weight-decay scaling (paper 3)\n\n"
+               + md_table(["wd scaling", "width", "best grid lr", "fitted lr*", "best loss"], rows)
+               + f"\n\n{c['verdict']}. Claim {'reproduced' if c['holds'] else 'NOT reproduced'} at this scale. {c['caveat']}\n")
+    c = d["dp_plateau"]
+    bs = [r["B"] for r in next(iter(c["tables"].values()))["rows"]]
+    rows = [[f"ε={eps}", *[g(r["sigma_sqrt_T"], ".3g") for r in t["rows"]], f"{100 * t['spread_over_B']:.0f}%"]
+            for eps, t in c["tables"].items()]
+    s = c["setting"]
+    out.append(f"### 3. σ√T plateau at tight ε, fall at loose ε (paper 1)\n\nN={s['N']}, E={s['epochs']}, δ={s['delta']}, "
+               f"{s['accountant']} accountant.\n\n" + md_table(["", *[f"B={b}" for b in bs], "spread over B"], rows)
+               + f"\n\n{c['verdict']}. Claim {'reproduced' if c['holds'] else 'NOT reproduced'}.\n")
+    return "\n" + "\n".join(out)
+
+
+def generic_section(d: dict) -> str:
+    out = []
+    scalars = [[k, g(v)] for k, v in d.items() if not isinstance(v, (dict, list)) and k not in ("date", "command", "figure")]
+    if scalars:
+        out.append(md_table(["field", "value"], scalars))
+
+    def walk(obj, name: str, depth: int) -> None:
+        if depth > 2:
+            return
+        if isinstance(obj, list) and obj and all(isinstance(r, dict) for r in obj):
+            cols = [k for k in obj[0] if not isinstance(obj[0][k], (dict, list))][:10]
+            out.append(f"**{name}**\n\n" + md_table(cols, [[r.get(k) for k in cols] for r in obj[:12]])
+                       + (f"\n\n({len(obj) - 12} more rows in the JSON)" if len(obj) > 12 else ""))
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{name}/{k}" if name else k, depth + 1)
+
+    walk({k: v for k, v in d.items() if k != "machine"}, "", 0)
+    return "\n" + "\n\n".join(out) + "\n"
+
+
+SECTIONS = {"transfer_regret": regret_section, "paper_claims": claims_section}
+ORDER = ["transfer_regret", "paper_claims"]
+
+
+def render() -> str:
+    paths = sorted(RESULTS.glob("*.json"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else len(ORDER), p.stem))
+    parts = ["# Benchmarks", "",
+             "Generated by `.venv/bin/python benchmarks/make_benchmarks_md.py` from `benchmarks/results/*.json`; "
+             "do not edit by hand. Each section names the command that reproduces it, the machine and the date. "
+             "Measured on a shared 2-core CPU VM unless a section says otherwise: wall times are upper bounds, "
+             "losses are single-seed.", ""]
+    parts += [f"- [{p.stem}](#{p.stem.replace('_', '_')})" for p in paths]
+    for p in paths:
+        d = json.loads(p.read_text())
+        parts.append("\n" + header(p.stem, d, p))
+        try:
+            parts.append(SECTIONS.get(p.stem, generic_section)(d))
+        except (KeyError, TypeError) as e:  # an older result without a field: still list it
+            parts.append(f"\n(could not render the tables: missing field {e}; rerun the benchmark)\n" + generic_section(d))
+    return "\n".join(parts) + "\n"
+
+
+def main() -> Path:
+    from hptransfer.io import write_atomic
+
+    path = write_atomic(ROOT / "BENCHMARKS.md", render())
+    print(f"wrote {path}")
+    return path
+
+
+if __name__ == "__main__":
+    main()
