@@ -70,6 +70,8 @@ def claim_mup_vs_sp() -> dict:
                       f"(slope {m['slope_log_lr_vs_log_width']:+.2f}); SP: {s['max_step_spread']} step(s) "
                       f"(slope {s['slope_log_lr_vs_log_width']:+.2f}; −1 is the textbook 1/width).")
     out["holds"] = bool(m["within_one_step"] and s["max_step_spread"] > m["max_step_spread"])
+    # The fitted slope is the less noise-sensitive reading: µP ≈ 0, SP clearly negative.
+    out["slope_reading_holds"] = bool(abs(m["slope_log_lr_vs_log_width"]) < 0.15 < -s["slope_log_lr_vs_log_width"])
     return out
 
 
@@ -84,7 +86,10 @@ def claim_weight_decay() -> dict:
     i, s = out["independent"], out["standard"]
     out["verdict"] = (f"independent: slope {i['slope_log_lr_vs_log_width']:+.2f}, spread {i['max_step_spread']} step(s); "
                       f"standard: slope {s['slope_log_lr_vs_log_width']:+.2f}, spread {s['max_step_spread']} step(s)")
-    out["holds"] = bool(abs(i["slope_log_lr_vs_log_width"]) < abs(s["slope_log_lr_vs_log_width"]))
+    # Reproduced only if standard scaling visibly drifts more: a wider spread in grid steps, or a
+    # slope larger by 0.1 (≈ a factor 1.07 per doubling); equal fits are not a reproduction.
+    out["holds"] = bool(i["max_step_spread"] < s["max_step_spread"]
+                        or abs(s["slope_log_lr_vs_log_width"]) - abs(i["slope_log_lr_vs_log_width"]) > 0.1)
     out["caveat"] = (f"{TR.STEPS} steps with λ={TR.WD}: η·λ·steps ≈ {0.03 * TR.WD * TR.STEPS:.2f} at lr 0.03, far "
                      "from AdamW's equilibrium where paper 3's effect lives (late in training); a small or absent "
                      "difference here is expected, not a refutation.")

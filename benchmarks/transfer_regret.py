@@ -48,21 +48,22 @@ RULES = [("mup", "mup", "mup"), ("mup-independent-wd", "mup", "mup-independent-w
          ("sp-copied (no rule)", "sp", "mup"), ("sp-warmup", "sp", "sp-warmup"), ("power-law", "sp", "power-law")]
 
 
-def spec_dict(par: str, widths: list[int], rule: str = "mup", wd: float = WD, target: int = TARGET) -> dict:
+def spec_dict(par: str, widths: list[int], rule: str = "mup", wd: float = WD, target: int = TARGET,
+              seeds: tuple[int, ...] = (SEED,)) -> dict:
     return {"name": f"bench-{par}", "seed": SEED,
             "model": {"family": "llama", "depth": 2, "head_dim": HEAD_DIM, "seq_len": SEQ, "parametrization": par,
                       "base_width": LADDER[0]},
             "data": {"max_files": 400, "eval_batches": 8},
             "sweep": {"widths": widths, "grid": {"lr": GRIDS[par]}, "fixed": {"weight_decay": wd, "warmup_steps": WARMUP},
-                      "steps": STEPS, "batch_size": BATCH, "seeds": [SEED], "reports": 1},
+                      "steps": STEPS, "batch_size": BATCH, "seeds": list(seeds), "reports": 1},
             "transfer": {"rule": rule}, "target": {"width": target}}
 
 
 def run_key(par: str, width: int, lr: float, wd: float = WD, wd_mode: str = "independent",
-            schedule: dict | None = None) -> dict:
+            schedule: dict | None = None, seed: int = SEED) -> dict:
     """Everything that changes a run's result; the cache key."""
     return {"par": par, "width": width, "lr": float(f"{lr:.6g}"), "wd": wd, "wd_mode": wd_mode,
-            "schedule": schedule, "steps": STEPS, "batch": BATCH, "seq": SEQ, "seed": SEED}
+            "schedule": schedule, "steps": STEPS, "batch": BATCH, "seq": SEQ, "seed": seed}
 
 
 def _key_str(k: dict) -> str:
@@ -178,14 +179,21 @@ def main(argv: list[str] | None = None) -> dict:
     from hptransfer.transfer.engine import make_plan
 
     t_start = time.perf_counter()
-    ladder = {p: [run_key(p, w, lr) for w in LADDER for lr in GRIDS[p]] for p in GRIDS}
+    # Variants: the ladder with seed 0 only (the direct sweep's budget per point), and with seeds 0
+    # and 1 (a second seed on the cheap ladder costs ~3% of the direct sweep). The direct sweep
+    # (ground truth) is seed 0 in both.
+    variants = {"": (SEED,), " [ladder seeds 0,1]": (SEED, SEED + 1)}
+    ladder = {(p, v): [run_key(p, w, lr, seed=s) for w in LADDER for lr in GRIDS[p] for s in seeds]
+              for p in GRIDS for v, seeds in variants.items()}
     direct = {p: [run_key(p, TARGET, lr) for lr in GRIDS[p]] for p in GRIDS}
-    res = run_all([k for p in GRIDS for k in ladder[p] + direct[p]], args.procs)
-    sweep = {p: table({_key_str(k): res[_key_str(k)] for k in ladder[p]}) for p in GRIDS}
-    plans = {}
-    for name, par, rule in RULES:
-        plans[name] = make_plan(parse_spec(spec_dict(par, LADDER, rule)), sweep[par])
-    transferred = {name: run_key(RULES_BY_NAME[name], TARGET, p.hyperparameters["lr"],
+    res = run_all([k for keys in ladder.values() for k in keys] + [k for p in GRIDS for k in direct[p]], args.procs)
+    plans, variant_of = {}, {}
+    for v, seeds in variants.items():
+        for name, par, rule in RULES:
+            sweep = table({_key_str(k): res[_key_str(k)] for k in ladder[(par, v)]})
+            plans[name + v] = make_plan(parse_spec(spec_dict(par, LADDER, rule, seeds=seeds)), sweep)
+            variant_of[name + v] = (name, par, rule, v)
+    transferred = {name: run_key(variant_of[name][1], TARGET, p.hyperparameters["lr"],
                                  schedule=_warmup(p.schedule)) for name, p in plans.items()}
     res.update(run_all(list(transferred.values()), args.procs))
 
@@ -198,27 +206,31 @@ def main(argv: list[str] | None = None) -> dict:
         d = [res[_key_str(k)] for k in direct[p]]
         ok = [r for r in d if r["status"] == "ok" and math.isfinite(r["val_loss"])]
         best = min(ok, key=lambda r: r["val_loss"])
-        small = [res[_key_str(k)] for k in ladder[p]]
+        small = [res[_key_str(k)] for k in ladder[(p, "")]]
+        small2 = [res[_key_str(k)] for k in ladder[(p, " [ladder seeds 0,1]")]]
         out["direct"][p] = {"curve": [{"lr": r["lr"], "val_loss": r["val_loss"], "status": r["status"]} for r in d],
                             "best_lr": best["lr"], "best_loss": best["val_loss"],
                             "ladder_flops": sum(r["flops"] for r in small), "direct_flops": sum(r["flops"] for r in d),
+                            "ladder_flops_2seeds": sum(r["flops"] for r in small2),
                             "ladder_wall_s": sum(r["wall_s"] for r in small), "direct_wall_s": sum(r["wall_s"] for r in d),
                             "ladder": [{"width": r["width"], "lr": r["lr"], "val_loss": r["val_loss"], "status": r["status"]}
                                        for r in small]}
-    for name, par, rule in RULES:
+    for name, (_, par, rule, v) in variant_of.items():
         plan, r, dd = plans[name], res[_key_str(transferred[name])], out["direct"][par]
         diag = plan.diagnostics
         regret = (r["val_loss"] - dd["best_loss"]) / dd["best_loss"] if math.isfinite(r["val_loss"]) else None
+        flops = dd["ladder_flops_2seeds"] if v else dd["ladder_flops"]
         out["rules"].append({
-            "name": name, "parametrization": par, "rule": rule, "transferred_lr": plan.hyperparameters["lr"],
+            "name": name, "parametrization": par, "rule": rule, "ladder_seeds": list(variants[v]),
+            "transferred_lr": plan.hyperparameters["lr"],
             "schedule": plan.schedule.get("kind"), "target_loss": r["val_loss"], "target_status": r["status"],
             "best_direct_lr": dd["best_lr"], "best_direct_loss": dd["best_loss"], "relative_regret": regret,
-            "compute_fraction": dd["ladder_flops"] / dd["direct_flops"],
-            "wall_fraction": dd["ladder_wall_s"] / dd["direct_wall_s"],
+            "compute_fraction": flops / dd["direct_flops"],
+            "wall_fraction": dd["ladder_wall_s"] / dd["direct_wall_s"] * len(variants[v]),
             "predicted_penalty": diag.get("predicted_penalty"), "fast_transfer": diag.get("fast_transfer"),
             "warnings": diag.get("warnings", []),
             "flagged": bool(diag.get("warnings")) or (diag.get("predicted_penalty") or 0) > 0.02,
-            "goal_met": regret is not None and regret <= 0.01 and dd["ladder_flops"] / dd["direct_flops"] <= 0.10})
+            "goal_met": regret is not None and regret <= 0.01 and flops / dd["direct_flops"] <= 0.10})
     out["wall_s"] = round(time.perf_counter() - t_start, 1)
     out["total_train_wall_s"] = round(sum(r.get("wall_s") or 0 for r in res.values()), 1)
     png = args.out.with_suffix(".png")
@@ -231,9 +243,6 @@ def main(argv: list[str] | None = None) -> dict:
               f"(lr {r['best_direct_lr']:g}) regret={reg} compute={100 * r['compute_fraction']:.1f}% flagged={r['flagged']}")
     print(f"wrote {args.out} and {png}")
     return out
-
-
-RULES_BY_NAME = {name: par for name, par, _ in RULES}
 
 
 def _warmup(schedule: dict | None) -> dict | None:
@@ -249,7 +258,7 @@ def _figure(out: dict):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    markers = iter("o^sDv*")
+    markers = iter("o^sDv*PXhp<>")
     for ax, p in zip(axes, ("mup", "sp")):
         d = out["direct"][p]
         for w in LADDER:

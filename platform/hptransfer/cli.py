@@ -117,6 +117,31 @@ def train(plan: Path = typer.Argument(..., help="transfer_plan.yaml written by `
     console.print(json.dumps(metrics, indent=2, default=str))
 
 
+@app.command("dp-sweep")
+def dp_sweep(spec: Path = SPEC, study_dir: Optional[Path] = STUDY_DIR, tracking_uri: Optional[str] = TRACKING,
+             address: Optional[str] = ADDRESS,
+             epsilons: Optional[str] = typer.Option(None, help="Comma-separated ε values. Default: the spec's dp.epsilon."),
+             lrs: Optional[str] = typer.Option(None, help="Comma-separated learning rates. Default: the spec's dp.lr."),
+             seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds. Default: the spec's sweep.seeds.")):
+    """DP fine-tuning trials over (ε, batch size, clipping bound, LR) on Ray Tune, on the offline digits
+    transfer task: B from each ε's feasible batch sizes, C from its plan's grid. Writes dp_sweep_results.csv
+    and dp_sweep.png and logs a parent MLflow run with one child per trial."""
+    from hptransfer.dp.plan import DPPlanError
+    from hptransfer.dp.sweep import run_dp_sweep
+    from hptransfer.pipeline import default_study_dir
+
+    s = _load(spec)
+    floats = lambda text: [float(x) for x in text.split(",")] if text else None  # noqa: E731
+    try:
+        df = run_dp_sweep(s, study_dir or default_study_dir(s), epsilons=floats(epsilons), lrs=floats(lrs),
+                          seeds=[int(x) for x in seeds.split(",")] if seeds else None, tracking_uri=tracking_uri,
+                          address=address, log=console.print)
+    except (DPPlanError, ValueError) as e:
+        _fail(str(e))
+    best = df[df.status == "ok"].sort_values("test_accuracy").groupby("epsilon").tail(1)
+    console.print("best per ε:\n" + best.to_string(index=False))
+
+
 @app.command()
 def run(spec: Path = SPEC, study_dir: Optional[Path] = STUDY_DIR, tracking_uri: Optional[str] = TRACKING,
         address: Optional[str] = ADDRESS, restart: bool = typer.Option(False, "--restart", help="Start the sweep over."),
