@@ -28,7 +28,8 @@ def test_hpt_run_end_to_end(tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
     for name in ("spec.yaml", "coord_check.png", "sweep_results.csv", "sweep.png", "transfer_plan.yaml",
-                 "train/train_metrics.json", "train/deepspeed_config.json", "train/hf_model/config.json", "mlflow.db"):
+                 "train/train_metrics.json", "train/deepspeed_config.json", "train/hf_model/config.json", "mlflow.db",
+                 "report/index.html"):
         assert (study / name).exists(), name
     assert str(study / "transfer_plan.yaml") in r.stdout.replace("\n", "")
 

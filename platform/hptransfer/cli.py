@@ -158,7 +158,7 @@ def run(spec: Path = SPEC, study_dir: Optional[Path] = STUDY_DIR, tracking_uri: 
     except (SweepError, PlanError) as e:
         _fail(str(e))
     console.rule("[bold]study done")
-    for k in ("study_dir", "results", "plan", "train_metrics", "tracking_uri"):
+    for k in ("study_dir", "results", "plan", "train_metrics", "report", "tracking_uri"):
         console.print(f"{k:>14}: {out[k]}")
     console.print(f"{'final':>14}: {out['final']}")
     console.print(f"{'times':>14}: " + ", ".join(f"{k}={v:.0f}" for k, v in out["times"].items()))

@@ -7,7 +7,8 @@ study_dir/
   coord_check.{png,json}  activation size against width
   sweep_results.csv       one row per trial;   sweep.png  the µTransfer plot
   transfer_plan.yaml      the target's hyperparameters and the evidence behind them
-  train/                  train_metrics.json, deepspeed_config.json, checkpoint/, hf_model/
+  train/                  train_metrics.json, deepspeed_config.json, hf_model/, ray_results/ (checkpoints)
+  report/index.html       the study as one page a user can open or attach
   mlflow.db               the MLflow store (unless a tracking URI is given)
 """
 
@@ -105,8 +106,12 @@ def run_study(spec, study_dir=None, *, tracking_uri=None, address=None, restart=
     metrics = train_stage(plan_path, study_dir, tracking_uri=tracking_uri, address=address, resume=not restart,
                           restart=restart, log=log)
     times["train_s"] = time.time() - t
+    from hptransfer.report.html import write_report
+
+    uri = resolve_tracking_uri(study_dir, spec.tracking.uri, tracking_uri)
+    report = write_report(study_dir, tracking_uri=uri, log=log)
     times["total_s"] = time.time() - t0
     return {"study_dir": str(study_dir), "plan": str(plan_path), "results": str(study_dir / "sweep_results.csv"),
-            "train_metrics": str(study_dir / "train" / "train_metrics.json"),
-            "tracking_uri": resolve_tracking_uri(study_dir, spec.tracking.uri, tracking_uri),
+            "train_metrics": str(study_dir / "train" / "train_metrics.json"), "report": str(report),
+            "tracking_uri": uri,
             "final": {k: metrics.get(k) for k in ("train_loss", "val_loss", "tokens_per_s")}, "times": times}
