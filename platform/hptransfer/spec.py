@@ -193,6 +193,18 @@ class SpecError(Exception):
         super().__init__("\n".join(lines))
 
 
+def _allowed_keys(loc: tuple) -> list[str]:
+    """Field names of the spec section that holds loc[-1] (for "unknown key" errors)."""
+    model: Any = StudySpec
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        ann = getattr(field, "annotation", None)
+        model = next((a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")), None)
+        if model is None:
+            return []
+    return sorted(getattr(model, "model_fields", {}))
+
+
 def _path(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -210,7 +222,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> StudySpec:
         for err in e.errors():
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                msg = "unknown key (typo?); allowed keys are listed in `hpt validate --help`"
+                msg = f"unknown key (typo?); allowed here: {', '.join(_allowed_keys(err['loc'])) or '(none)'}"
             elif err["type"] == "missing":
                 msg = "required field is missing"
             problems.append((_path(err["loc"]), msg, err.get("input")))
