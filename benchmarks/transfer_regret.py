@@ -38,14 +38,19 @@ sys.path.insert(0, str(ROOT / "platform"))
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = Path(os.environ.get("HPT_BENCH_CACHE", "/tmp/hpt_bench_runs.jsonl"))
 
-LADDER = [8, 16, 32]
-TARGET = 256
-HEAD_DIM = 8  # small heads so the 8× target fits the 2-core budget (a 512-wide target: ~0.8 s/step)
-STEPS, WARMUP, BATCH, SEQ, WD, SEED = 120, 12, 16, 64, 0.1, 0
-GRIDS = {"mup": [0.002 * 2**k for k in range(7)],   # 0.002 … 0.128 (base-width LRs, base width 8)
-         "sp": [0.0005 * 2**k for k in range(8)]}   # 0.0005 … 0.064: SP's optimum falls with width
-RULES = [("mup", "mup", "mup"), ("mup-independent-wd", "mup", "mup-independent-wd"),
-         ("sp-copied (no rule)", "sp", "mup"), ("sp-warmup", "sp", "sp-warmup"), ("power-law", "sp", "power-law")]
+# Another setting without editing the file: HPT_REGRET='{"ladder": [16, 32, 64], "target": 512, "head_dim": 16,
+# "steps": 160, "warmup": 16, "parametrizations": ["mup"]}' (read at import, so the worker processes see it too).
+_CFG = json.loads(os.environ.get("HPT_REGRET") or "{}")
+LADDER = _CFG.get("ladder", [8, 16, 32])
+TARGET = _CFG.get("target", 256)
+HEAD_DIM = _CFG.get("head_dim", 8)  # small heads so the 8× target fits the 2-core budget (a 512-wide target: ~0.8 s/step)
+STEPS, WARMUP, BATCH, SEQ, WD, SEED = _CFG.get("steps", 120), _CFG.get("warmup", 12), 16, 64, 0.1, 0
+GRIDS = {p: g for p, g in {"mup": [0.002 * 2**k for k in range(7)],   # 0.002 … 0.128 (base-width LRs)
+                           "sp": [0.0005 * 2**k for k in range(8)]}.items()  # 0.0005 … 0.064: SP's optimum falls with width
+         if p in _CFG.get("parametrizations", ["mup", "sp"])}
+RULES = [r for r in [("mup", "mup", "mup"), ("mup-independent-wd", "mup", "mup-independent-wd"),
+                     ("sp-copied (no rule)", "sp", "mup"), ("sp-warmup", "sp", "sp-warmup"),
+                     ("power-law", "sp", "power-law")] if r[1] in GRIDS]
 
 
 def spec_dict(par: str, widths: list[int], rule: str = "mup", wd: float = WD, target: int = TARGET,
@@ -63,7 +68,11 @@ def run_key(par: str, width: int, lr: float, wd: float = WD, wd_mode: str = "ind
             schedule: dict | None = None, seed: int = SEED) -> dict:
     """Everything that changes a run's result; the cache key."""
     return {"par": par, "width": width, "lr": float(f"{lr:.6g}"), "wd": wd, "wd_mode": wd_mode,
-            "schedule": schedule, "steps": STEPS, "batch": BATCH, "seq": SEQ, "seed": seed}
+            "schedule": schedule, "steps": STEPS, "batch": BATCH, "seq": SEQ, "seed": seed,
+            "head_dim": HEAD_DIM, "base_width": LADDER[0]}
+
+
+_KEY_DEFAULTS = {"head_dim": 8, "base_width": 8}  # cache lines written before these were part of the key
 
 
 def _key_str(k: dict) -> str:
@@ -125,7 +134,7 @@ def load_cache() -> dict[str, dict]:
                 r = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            out[_key_str({k: r[k] for k in run_key("sp", 1, 1.0)})] = r
+            out[_key_str({k: r.get(k, _KEY_DEFAULTS.get(k)) for k in run_key("sp", 1, 1.0)})] = r
     return out
 
 
@@ -201,7 +210,10 @@ def main(argv: list[str] | None = None) -> dict:
                        "warmup_steps": WARMUP, "batch": BATCH, "seq_len": SEQ, "weight_decay": WD, "seed": SEED,
                        "grids": GRIDS, "depth": 2, "head_dim": HEAD_DIM, "corpus": "stdlib, 400 files, byte-level"},
            "machine": machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "command": ".venv/bin/python benchmarks/transfer_regret.py", "rules": [], "direct": {}}
+           "command": (f"HPT_REGRET='{json.dumps(_CFG)}' " if _CFG else "") + ".venv/bin/python benchmarks/transfer_regret.py"
+                      + (f" --out {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}"
+                         if args.out != RESULTS / "transfer_regret.json" else ""),
+           "rules": [], "direct": {}}
     for p in GRIDS:
         d = [res[_key_str(k)] for k in direct[p]]
         ok = [r for r in d if r["status"] == "ok" and math.isfinite(r["val_loss"])]
@@ -257,9 +269,10 @@ def _figure(out: dict):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fig, axes = plt.subplots(1, len(GRIDS), figsize=(5.5 * len(GRIDS), 4.2), sharey=True, squeeze=False)
+    axes = axes[0]
     markers = iter("o^sDv*PXhp<>")
-    for ax, p in zip(axes, ("mup", "sp")):
+    for ax, p in zip(axes, GRIDS):
         d = out["direct"][p]
         for w in LADDER:
             pts = sorted((r["lr"], r["val_loss"]) for r in d["ladder"] if r["width"] == w and r["status"] == "ok")
