@@ -77,6 +77,16 @@ def _raw(spec: ModelSpec, width: int, mup: bool):
     return ByteMLP(width, spec.depth, readout=readout)
 
 
+def _set_base_shapes(model: nn.Module, spec: ModelSpec, base_width: int, rescale_params: bool) -> None:
+    """µP base shapes against a base (base_width) and a delta (2 × base_width) model, built on the
+    meta device: only their shapes are read."""
+    from mup import set_base_shapes
+
+    with torch.device("meta"):
+        base, delta = _raw(spec, base_width, True), _raw(spec, 2 * base_width, True)
+    set_base_shapes(model, base, delta=delta, rescale_params=rescale_params)
+
+
 def build_model(spec: ModelSpec, width: int, *, base_width: int, init_std: float = DEFAULT_INIT_STD, seed: int | None = None) -> nn.Module:
     """The model at `width`; under µP its base shapes are set (every parameter has `.infshape`)."""
     if seed is not None:
@@ -84,12 +94,7 @@ def build_model(spec: ModelSpec, width: int, *, base_width: int, init_std: float
     mup = spec.parametrization == "mup"
     model = _raw(spec, width, mup)
     if mup:
-        from mup import set_base_shapes
-
-        # Base and delta on the meta device: only their shapes are read.
-        with torch.device("meta"):
-            base, delta = _raw(spec, base_width, True), _raw(spec, 2 * base_width, True)
-        set_base_shapes(model, base, delta=delta)
+        _set_base_shapes(model, spec, base_width, rescale_params=True)
     _init(model, init_std, base_width, mup)
     return model
 
@@ -138,12 +143,10 @@ def load_trained(spec: ModelSpec, width: int, base_width: int, path: str) -> nn.
 
     model = LlamaForCausalLM.from_pretrained(path)
     if spec.parametrization == "mup":
-        from mup import MuReadout, set_base_shapes
+        from mup import MuReadout
 
         readout = MuReadout(width, VOCAB_SIZE, bias=False, readout_zero_init=False, output_mult=spec.output_mult)
         readout.weight.data.copy_(model.lm_head.weight.data)
         model.lm_head = readout
-        with torch.device("meta"):
-            base, delta = _raw(spec, base_width, True), _raw(spec, 2 * base_width, True)
-        set_base_shapes(model, base, delta=delta, rescale_params=False)
+        _set_base_shapes(model, spec, base_width, rescale_params=False)
     return model.eval()
