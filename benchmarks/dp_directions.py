@@ -27,7 +27,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "platform"))
 
 EPSILONS = [0.5, 8.0]
 BATCHES = [16, 32, 64, 128, 256]
@@ -65,7 +64,7 @@ def main() -> dict:
     import torch
 
     from hptransfer.dp import task
-    from hptransfer.dp.config import DPConfig
+    from hptransfer.privacy import DPConfig
     from hptransfer.dp.plan import dp_plan_for
     from hptransfer.io import write_json
 

@@ -1,5 +1,5 @@
-"""σ√T tables (paper 1, RESEARCH.md) for N=50,000, E=8, δ=1e-5, ε ∈ {0.5, 1, 2, 8}, both Opacus
-accountants, compared with RESEARCH.md's reference table, plus the wall time of `dp_plan_for`
+"""σ√T tables (paper 1, arXiv 2510.20616; docs/RESEARCH.md) for N=50,000, E=8, δ=1e-5, ε ∈ {0.5, 1, 2, 8}, both Opacus
+accountants, compared with the reference table in docs/RESEARCH.md, plus the wall time of `dp_plan_for`
 (what `hpt dp-plan` computes) with the default batch grid.
 
 Run: .venv/bin/python benchmarks/dp_noise_table.py   → benchmarks/results/dp_noise_table.json
@@ -14,17 +14,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "platform"))
 
 from hptransfer.dp.accounting import noise_multiplier, noise_table, steps_for  # noqa: E402
-from hptransfer.dp.config import DPConfig  # noqa: E402
+from hptransfer.privacy import DPConfig  # noqa: E402
 from hptransfer.dp.plan import dp_plan_for  # noqa: E402
 from hptransfer.io import write_json  # noqa: E402
 
 N, E, DELTA = 50_000, 8, 1e-5
 EPSILONS = [0.5, 1.0, 2.0, 8.0]
 TABLE_B = [256, 1024, 4096, 16384, 50_000]
-# RESEARCH.md, paper 1 (RDP, epsilon_tolerance=0.001).
+# docs/RESEARCH.md, paper 1 (RDP, epsilon_tolerance=0.001).
 REFERENCE = {0.5: {256: 69.2, 1024: 64.9, 4096: 63.8, 16384: 64.3, 50000: 61.4},
              8.0: {256: 21.8, 1024: 13.3, 4096: 8.9, 16384: 6.8, 50000: 5.1}}
 

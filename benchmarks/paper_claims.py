@@ -1,4 +1,4 @@
-"""The papers' claims at our scale, each as a figure panel and a table (RESEARCH.md):
+"""The papers' claims at our scale, each as a figure panel and a table (docs/RESEARCH.md):
 
 1. Tensor Programs V (arXiv 2203.03466): under µP the optimal LR stays within one grid step across
    widths; under SP it drifts. Widths 8/16/32 (the regret ladder) and 256 (its direct sweep).
@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import transfer_regret as TR  # noqa: E402
 
 from hptransfer.io import save_figure, write_json  # noqa: E402
@@ -115,9 +114,6 @@ def claim_dp_plateau() -> dict:
 
 
 def figure(out: dict):
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))

@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "platform"))
+
+from common import machine_info  # noqa: E402
 
 CPUS = 2
 WIDTHS = [32, 64]
@@ -46,19 +47,6 @@ LRS = [1e-3, 2e-3, 3e-3, 5e-3, 7e-3, 1e-2]
 RAY_REFERENCE = {"trials": 10_000, "trial_s": 1.0, "cpus": 16, "observed_s": 715.27, "minimum_s": 625.0,
                  "overhead": round(715.27 / 625.0 - 1, 4),
                  "source": "https://docs.ray.io/en/latest/tune/tutorials/tune-scalability.html"}
-
-
-def machine_info(argv: list[str]) -> dict:
-    import deepspeed
-    import ray
-    import torch
-
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), _platform.processor())
-    return {"nproc": os.cpu_count(), "cpu_model": cpu, "python": _platform.python_version(),
-            "torch": torch.__version__, "ray": ray.__version__, "deepspeed": deepspeed.__version__,
-            "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.executable).name, *argv]), "loadavg_at_start": os.getloadavg()}
 
 
 def sweep_spec(n_trials: int, steps: int):
@@ -149,13 +137,13 @@ def force_reuse_actors(value: bool) -> None:
 
 
 def one_sweep(n_trials: int, steps: int, work: Path) -> dict:
+    from hptransfer.study import Study
     from hptransfer.sweep.runner import run_sweep
 
-    spec = sweep_spec(n_trials, steps)
-    study = work / f"sweep_{n_trials}"
+    study = Study.from_spec(sweep_spec(n_trials, steps), work / f"sweep_{n_trials}")
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    df, _ = run_sweep(spec, study, restart=True, log=lambda m: None)
+    df, _ = run_sweep(study, restart=True, log=lambda m: None)
     wall = time.perf_counter() - t0
     n = len(df)
     train, inside = float(df["train_s"].sum()), float(df["wall_s"].sum())

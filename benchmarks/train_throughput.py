@@ -57,7 +57,7 @@ def machine_info(argv: list[str]) -> dict:
 
 def make_plan(width: int, steps: int, batch: int, seq_len: int):
     from hptransfer.spec import parse_spec
-    from hptransfer.transfer.plan import TargetShape, TransferPlan
+    from hptransfer.plan import TargetShape, TransferPlan
 
     spec = parse_spec({
         "name": "bench-train",
@@ -153,7 +153,7 @@ def twin_loop(config: dict) -> None:
     from hptransfer.io import write_json
     from hptransfer.models import build_model, build_optimizer, lm_logits, lr_schedule
     from hptransfer.train.dsconfig import deepspeed_config
-    from hptransfer.transfer.plan import TransferPlan
+    from hptransfer.plan import TransferPlan
 
     t_import = time.time()
     plan = TransferPlan.model_validate(config["plan"])

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "platform"))
 RESULTS = ROOT / "benchmarks" / "results"
 CACHE = Path(os.environ.get("HPT_BENCH_CACHE", "/tmp/hpt_bench_runs.jsonl"))
 
@@ -84,9 +83,10 @@ def _variant(wd_mode: str, schedule: dict | None):
     """Run `train_proxy`'s own loop with (a) paper 3's "standard" weight-decay scaling under µP —
     MuAdamW multiplies λ by width_mult for hidden matrices (independent form); dividing it back keeps
     λ fixed while lr/m shrinks η·λ — or (b) the `sp-warmup` multiplicative factor on the schedule
-    (what train/loop.py applies in the large run). train_proxy imports these names from
-    hptransfer.models at call time, so swapping them there changes nothing else in the loop."""
-    import hptransfer.models as M
+    (what train/loop.py applies in the large run). `training_setup` (hptransfer.models.setup), which
+    train_proxy calls, looks these names up in its module at call time, so swapping them there changes
+    nothing else in the loop. (Issue 12: `mup-standard-wd` should become a real optimizer option.)"""
+    import hptransfer.models.setup as M
     from hptransfer.transfer.schedule import sp_warmup_factor
 
     orig_opt, orig_sched = M.build_optimizer, M.lr_schedule
@@ -117,7 +117,9 @@ def _train(key: dict) -> dict:
     from hptransfer.sweep.trial import train_proxy
 
     spec = parse_spec(spec_dict(key["par"], LADDER, target=max(TARGET, key["width"])))
-    hps = {"lr": key["lr"], "weight_decay": key["wd"], "warmup_steps": WARMUP}
+    from hptransfer.hyperparameters import Hyperparameters
+
+    hps = Hyperparameters(lr=key["lr"], weight_decay=key["wd"], warmup_steps=WARMUP)
     with _variant(key["wd_mode"], key["schedule"]):
         m = train_proxy(spec, key["width"], hps, key["seed"], n_reports=1)
     n = param_count(build_model(spec.model, key["width"], base_width=spec.base_width, seed=0))
@@ -171,11 +173,10 @@ def table(results: dict[str, dict]):
 
 
 def machine() -> dict:
-    import torch
+    from common import machine_info
 
-    return {"host_cpus": os.cpu_count(), "processes": 2, "torch_threads_per_process": 1,
-            "cpu": _platform.processor() or _platform.machine(), "python": _platform.python_version(),
-            "torch": torch.__version__, "note": "shared 2-core VM; other jobs ran concurrently, so wall times are upper bounds"}
+    return machine_info(processes=2, torch_threads_per_process=1,
+                        note="shared 2-core VM; other jobs may have run concurrently, so wall times are upper bounds")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -264,9 +265,6 @@ def _warmup(schedule: dict | None) -> dict | None:
 
 
 def _figure(out: dict):
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(GRIDS), figsize=(5.5 * len(GRIDS), 4.2), sharey=True, squeeze=False)

@@ -19,7 +19,11 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 
 def hpt_args(spec: Path, study_dir: Path | None, tracking_uri: str | None) -> list[str]:
-    args = ["run", str(spec), "--study-dir", str(study_dir or Path("studies") / spec.stem)]
+    from hptransfer.spec import load_spec
+    from hptransfer.study import STUDIES_ROOT
+
+    # The study folder is named by the spec's `name` (as `hpt run` does), not by its file name.
+    args = ["run", str(spec), "--study-dir", str(study_dir or STUDIES_ROOT / load_spec(spec).name)]
     if tracking_uri:
         args += ["--tracking-uri", tracking_uri]
     return args
@@ -28,7 +32,7 @@ def hpt_args(spec: Path, study_dir: Path | None, tracking_uri: str | None) -> li
 @app.command()
 def main(
     spec: Annotated[Path, typer.Argument(metavar="SPEC", exists=True, dir_okay=False, help="Study spec YAML.")],
-    study_dir: Annotated[Optional[Path], typer.Option(help="Study folder; default studies/<spec stem>.")] = None,
+    study_dir: Annotated[Optional[Path], typer.Option(help="Study folder; default studies/<spec name>.")] = None,
     tracking_uri: Annotated[Optional[str],
                             typer.Option(help="MLflow server; default SQLite in the study folder.")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the hpt command and stop.")] = False,

@@ -10,6 +10,7 @@ import yaml
 from conftest import tiny_spec_dict
 from hptransfer.coordcheck import coord_check
 from hptransfer.spec import parse_spec
+from hptransfer.study import Study
 
 
 def _llama(par):
@@ -20,7 +21,7 @@ def _llama(par):
 
 @pytest.mark.parametrize("par,passes", [("mup", True), ("sp", False)])
 def test_coord_check_llama(par, passes, tmp_path):
-    r = coord_check(_llama(par), tmp_path)
+    r = coord_check(Study.from_spec(_llama(par), tmp_path))
     assert r.passed is passes, r.slopes
     if passes:
         assert max(r.slopes.values()) < 0.25

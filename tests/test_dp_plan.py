@@ -13,12 +13,12 @@ from pydantic import ValidationError
 
 from hptransfer.dp import rule
 from hptransfer.dp.accounting import NoiseRow, epsilon_spent, noise_multiplier, steps_for
-from hptransfer.dp.config import DPConfig
+from hptransfer.privacy import DPConfig
 from hptransfer.dp.plan import DPPlanError, dp_plan_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# RESEARCH.md, paper 1: σ√T for N=50,000, E=8, δ=1e-5, RDP, epsilon_tolerance=0.001.
+# docs/RESEARCH.md, paper 1: σ√T for N=50,000, E=8, δ=1e-5, RDP, epsilon_tolerance=0.001.
 REFERENCE = {0.5: {256: 69.2, 1024: 64.9, 4096: 63.8, 16384: 64.3, 50000: 61.4},
              8.0: {256: 21.8, 1024: 13.3, 4096: 8.9, 16384: 6.8, 50000: 5.1}}
 
@@ -58,7 +58,6 @@ def test_clip_grid_moves_up_as_epsilon_falls_and_lr_scales_with_sqrt_b():
     assert rule.clip_grid(1.0, 2.0, factors) == pytest.approx([1.0, 2.0, 4.0, 2 * 8 ** 0.5, 4 * 8 ** 0.5])  # only points above
     assert rule.clip_grid(0.5, 2.0, factors, exponent=0.0) == loose
     assert rule.lr_scale(256, 256) == 1.0 and rule.lr_scale(256, 1024) == pytest.approx(2.0)
-    assert rule.class_clip_weights([1.0, 4.0, 2.0], [0, 0, 1], clip=2.0) == {0: 0.75, 1: 1.0}
 
 
 def test_plan_follows_the_papers_directions_and_stays_within_budget():

@@ -18,7 +18,9 @@ def test_dp_sweep_over_epsilon_batch_and_clip(ray_local, tmp_path):
         "epsilon": 1.0, "epochs": 2, "batch_sizes": [32, 128], "min_steps": 5, "accountant": "rdp",
         "clip_reference": 5.0, "clip_factors": [0.5, 2.0], "lr": 3e-3, "lr_reference_batch": 32}))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    df = run_dp_sweep(spec, tmp_path, epsilons=[1.0, 8.0], tracking_uri=uri)
+    from hptransfer.study import Study
+
+    df = run_dp_sweep(Study.from_spec(spec, tmp_path, tracking_uri=uri), epsilons=[1.0, 8.0])
     on_disk = pd.read_csv(tmp_path / "dp_sweep_results.csv")
     assert len(on_disk) == len(df) >= 2 * 2 * 2
     assert (on_disk.status == "ok").all()

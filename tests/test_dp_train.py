@@ -12,7 +12,7 @@ from torch.func import functional_call, grad, vmap
 from torch.utils.data import TensorDataset
 
 from hptransfer.dp import task as digits
-from hptransfer.dp.config import DPConfig
+from hptransfer.privacy import DPConfig
 from hptransfer.dp.plan import dp_plan_for
 from hptransfer.dp.train import PrivacyBudgetExceeded, train_dp
 

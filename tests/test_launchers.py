@@ -3,6 +3,7 @@ this machine (`ray start` head with dashboard + `ray start` worker), through the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shlex
@@ -13,18 +14,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import psutil
 import pytest
 import requests
 import yaml
 
+from conftest import free_port
 from hptransfer.deploy import ray_jobs
-
-sys.path.insert(0, str(Path(__file__).parent))
-from test_k8s_manifests import command_problems, schema_errors, security_problems  # noqa: E402
+from test_k8s_manifests import command_problems, schema_errors, security_problems, spec_mount_problems
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "search_spaces" / "quickstart.yaml"
@@ -58,9 +58,33 @@ def test_kubernetes_launcher_without_a_cluster_writes_a_valid_rayjob(tmp_path: P
     assert r.returncode == 0, r.stderr
     out = tmp_path / "studies" / "quickstart" / "rayjob.yaml"
     assert "no kubectl context" in r.stderr and str(out.relative_to(tmp_path)) in r.stderr
-    job = yaml.safe_load(out.read_text())
-    assert not schema_errors(job) and not security_problems([job], set())
+    objs = [d for d in yaml.safe_load_all(out.read_text()) if d]
+    assert [o["kind"] for o in objs] == ["ConfigMap", "RayJob"]
+    assert not [e for o in objs for e in schema_errors(o)] and not security_problems(objs, set())
+    assert not spec_mount_problems(objs)
+    job = objs[1]
     assert job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["replicas"] == 2
+
+
+def _renamed_spec(folder: Path, file_name: str, study: str) -> Path:
+    data = yaml.safe_load(SPEC.read_text())
+    data["name"] = study
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / file_name).write_text(yaml.safe_dump(data))
+    return folder / file_name
+
+
+def test_kubernetes_launcher_names_the_study_by_the_spec_name(tmp_path: Path) -> None:
+    spec = _renamed_spec(tmp_path / "specs", "scratch-file.yaml", "widthscan")
+    env = {**BASE_ENV, "KUBECONFIG": str(tmp_path / "no-kubeconfig")}
+    r = run_launcher("kubernetes.py", str(spec), "--queue", "research", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = tmp_path / "studies" / "widthscan" / "rayjob.yaml"
+    objs = [d for d in yaml.safe_load_all(out.read_text()) if d]
+    job = objs[1]
+    assert job["metadata"]["name"] == "hpt-widthscan" and "/studies/widthscan" in job["spec"]["entrypoint"]
+    assert job["spec"]["suspend"] is True and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "research"
+    assert "scratch-file" not in out.read_text() and not (tmp_path / "studies" / "scratch-file").exists()
 
 
 def test_ray_cluster_launcher_refuses_a_spec_outside_the_project(tmp_path: Path) -> None:
@@ -77,26 +101,36 @@ def test_runtime_env_carries_project_and_package_not_venv() -> None:
     env = ray_jobs.runtime_env(REPO, {"MLFLOW_TRACKING_URI": "http://mlflow:5000"})
     assert env["working_dir"] == str(REPO)
     assert env["py_modules"] == [str(REPO / "platform" / "hptransfer")]
-    assert {".venv/", ".git/", "studies/"} <= set(env["excludes"])
+    assert {".venv/", ".git/", "studies/", ".env", "*.pem", "*.db", ".ray/"} <= set(env["excludes"])
     assert env["env_vars"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
     assert ray_jobs.spec_in_project(SPEC, REPO) == "search_spaces/quickstart.yaml"
 
 
 @pytest.mark.parametrize("verb", ["run", "sweep"])
 def test_default_entrypoint_is_a_real_hpt_command_that_joins_the_cluster(verb: str) -> None:
-    cmd = ray_jobs.hpt_entrypoint(verb, "search_spaces/quickstart.yaml", "--tracking-uri", "http://m:5000")
+    cmd = ray_jobs.hpt_entrypoint(verb, "search_spaces/quickstart.yaml", "--tracking-uri", "http://m:5000",
+                                  study_dir="/studies/quickstart")
     argv = shlex.split(cmd)
     assert argv[:3] == ["hpt", verb, "search_spaces/quickstart.yaml"] and argv[-2:] == ["--address", "auto"]
+    assert argv[argv.index("--study-dir") + 1] == "/studies/quickstart"
     assert not command_problems(argv, "ray_cluster.py"), command_problems(argv, "ray_cluster.py")
+    own = shlex.split(ray_jobs.hpt_entrypoint(verb, "s.yaml", "--study-dir=/mine", study_dir="/studies/x"))
+    assert "/studies/x" not in own and "--study-dir=/mine" in own, "a --study-dir passed through wins"
+
+
+def test_ray_cluster_launcher_defaults_the_study_to_the_shared_volume(tmp_path: Path) -> None:
+    """Not the job's temporary working_dir: /studies/<spec name> (the k8s RayCluster's shared PVC)."""
+    spec = _renamed_spec(tmp_path / "search_spaces", "scratch-file.yaml", "widthscan")
+    r = run_launcher("ray_cluster.py", str(spec), "--address", "http://127.0.0.1:1", "--verb", "sweep",
+                     "--working-dir", str(tmp_path))
+    assert "study folder on the cluster: /studies/widthscan" in r.stderr, r.stderr
+    assert r.returncode == 1 and "Failed to connect" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = run_launcher("ray_cluster.py", str(spec), "--address", "http://127.0.0.1:1", "--study-root", "/mnt/shared",
+                     "--working-dir", str(tmp_path))
+    assert "study folder on the cluster: /mnt/shared/widthscan" in r.stderr, r.stderr
 
 
 # ---------------------------------------------------------------- slow: a real 2-node Ray cluster
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ports() -> list[str]:
@@ -104,7 +138,7 @@ def _ports() -> list[str]:
     args = []
     for flag in ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
                  "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port"):
-        args += [flag, str(_free_port())]
+        args += [flag, str(free_port())]
     return args
 
 
@@ -117,7 +151,7 @@ class LoopbackCluster:
         # Short path: Ray's Unix sockets live under it (limit ~107 characters).
         self.root = Path(tempfile.mkdtemp(prefix="hpt-k8s-", dir="/tmp"))
         self.token = secrets.token_hex(32)
-        self.gcs_port, self.dashboard_port = _free_port(), _free_port()
+        self.gcs_port, self.dashboard_port = free_port(), free_port()
         self.env = {**BASE_ENV, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token}
         self.address = f"http://127.0.0.1:{self.dashboard_port}"
 
@@ -136,7 +170,7 @@ class LoopbackCluster:
     def start(self) -> None:
         self._ray_start(self.root / "head", "--head", f"--port={self.gcs_port}", "--include-dashboard=true",
                         "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-                        f"--ray-client-server-port={_free_port()}")
+                        f"--ray-client-server-port={free_port()}")
         self._ray_start(self.root / "worker", f"--address=127.0.0.1:{self.gcs_port}")
         deadline = time.monotonic() + 90
         while len(self.alive_nodes()) < 2:
@@ -166,16 +200,12 @@ class LoopbackCluster:
     def stop(self) -> None:
         procs = self.processes()
         for p in procs:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.send_signal(signal.SIGTERM)
-            except psutil.NoSuchProcess:
-                pass
         _, alive = psutil.wait_procs(procs, timeout=5)
         for p in alive:  # gcs_server and raylet can ignore SIGTERM for a while
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
         psutil.wait_procs(alive, timeout=10)
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from hptransfer.plan import save_plan
 from hptransfer.report import write_report
 from hptransfer.spec import parse_spec
 from hptransfer.transfer.engine import make_plan
-from hptransfer.transfer.plan import save_plan
 from hptransfer.transfer.synthetic import synthetic_sweep
 
 GRID = [float(x) for x in np.geomspace(1e-3, 1e-1, 9)]
@@ -138,7 +138,8 @@ def test_cli_writes_the_report_and_rejects_a_non_study(tmp_path):
     assert r.exit_code == 0, r.output
     assert (study / "report" / "index.html").is_file() and "file://" in r.output
     r = runner.invoke(app, ["report", str(tmp_path / "nowhere")])
-    assert r.exit_code == 2 and "spec.yaml is missing" in " ".join(r.output.split())  # Rich wraps lines
+    text = " ".join(r.output.split())  # Rich wraps lines
+    assert r.exit_code == 2 and "spec.yaml" in text and "nowhere" in text and "Traceback" not in text, text
 
 
 @pytest.mark.slow
@@ -156,3 +157,39 @@ def test_report_is_logged_to_the_sweep_parent_run(tmp_path):
     logged = {Path(a.path).name for a in client.list_artifacts(parent.run_id, "report")}
     assert logged == {"index.html", "transfer.png", "optimum_vs_width.png"}
     assert client.list_artifacts(other.run_id) == []
+
+
+HOSTILE = "<script>alert(1)</script>"
+# `$...$` is matplotlib mathtext: an unknown command in a label fails the whole figure.
+HOSTILE_TEX = HOSTILE + r"$\evil$"
+
+
+def test_report_escapes_every_string_from_plan_and_coord_check(tmp_path):
+    """Hand-edited or hostile study files: every string they carry reaches the page escaped, and the
+    figures still draw. No sweep table, so the plan's primary hyperparameter need not be a column."""
+    study = make_study(tmp_path, train=False, dp=False)
+    (study / "sweep_results.csv").unlink()
+    plan_path = study / "transfer_plan.yaml"
+    plan = yaml.safe_load(plan_path.read_text())
+    d = plan["diagnostics"]
+    d["primary"] = HOSTILE_TEX
+    d["optimum_by_width"] = {w: {HOSTILE_TEX: per["lr"]} for w, per in d["optimum_by_width"].items()}
+    d["trials_by_width"] = {w: {HOSTILE: 1} for w in d["optimum_by_width"]}
+    d["optimum_trend"] = {HOSTILE_TEX: {"slope": HOSTILE, "slope_se": 0.1}}
+    d["warnings"], d["notes"] = [HOSTILE], [HOSTILE, {"nested": HOSTILE}]
+    d["fast_transfer_test"], d["source_width"] = HOSTILE, HOSTILE
+    plan_path.write_text(yaml.safe_dump(plan))
+    coord = json.loads((study / "coord_check.json").read_text())
+    coord.update(steps=HOSTILE, worst_module=HOSTILE, widths=[HOSTILE], max_slope_allowed=HOSTILE)
+    (study / "coord_check.json").write_text(json.dumps(coord))
+
+    index = write_report(study)
+    html = index.read_text()
+    assert "<script" not in html.lower() and "alert(1)</" not in html
+    escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
+    # each hostile value is shown, escaped: header, two diagnostics rows, trials, warnings, notes,
+    # test, source width, coordinate check (steps, module, widths, allowed slope)
+    assert html.count(escaped) >= 12, html.count(escaped)
+    coord_box = html.split("<h2>Coordinate check</h2>")[1]
+    assert f"{escaped} Adam steps" in coord_box and f"({escaped})" in coord_box
+    assert (index.parent / "optimum_vs_width.png").stat().st_size > 5_000, "the figure drew the $-laden label"

@@ -7,6 +7,8 @@ import mlflow
 import pandas as pd
 import pytest
 
+from hptransfer.study import Study
+
 from conftest import tiny_spec_dict
 from hptransfer.spec import parse_spec
 
@@ -20,7 +22,8 @@ def swept(ray_local, tmp_path_factory, mlflow_server):
     # lr=1e30 makes Adam blow the weights up: the trial must end as `diverged`, not sink the sweep.
     spec = parse_spec(tiny_spec_dict(name="sweep-test", sweep={"grid": {"lr": [0.003, 0.03, 1e30]}}))
     study = tmp_path_factory.mktemp("study")
-    df, run_id = sweep_stage(spec, study, tracking_uri=mlflow_server)
+    out = sweep_stage(Study.from_spec(spec, study, tracking_uri=mlflow_server))
+    df, run_id = out.table, out.mlflow_run_id
     return spec, study, df, run_id
 
 
@@ -60,6 +63,6 @@ def test_logging_again_adds_no_duplicate_children(swept, mlflow_server):
     from hptransfer.sweep.record import log_sweep
 
     spec, study, df, run_id = swept
-    assert log_sweep(spec, study, df, None, mlflow_server) == run_id
+    assert log_sweep(Study.from_spec(spec, study, tracking_uri=mlflow_server), df, None) == run_id
     runs = mlflow.search_runs(experiment_names=[spec.name])
     assert (runs["tags.mlflow.parentRunId"] == run_id).sum() == len(df)

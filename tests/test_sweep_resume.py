@@ -11,6 +11,8 @@ import time
 import mlflow
 import pandas as pd
 import pytest
+
+from hptransfer.study import Study
 import yaml
 
 from conftest import tiny_spec_dict
@@ -71,7 +73,7 @@ def test_asha_stops_poor_trials_and_marks_them(ray_local, tmp_path):
     spec = parse_spec(tiny_spec_dict(name="asha", sweep={
         "widths": [16, 32], "grid": {"lr": [0.03, 0.01, 1e-6, 3e-6, 1e-5]}, "steps": 40, "reports": 4,
         "scheduler": "asha", "asha_grace_fraction": 0.25, "asha_reduction_factor": 3}))
-    df, _ = run_sweep(spec, tmp_path)
+    df, _ = run_sweep(Study.from_spec(spec, tmp_path))
     stopped = df[df.status == "stopped"]
     assert len(stopped) >= 1, df[["width", "lr", "status", "steps_done"]]
     assert (stopped.steps_done < 40).all() and stopped.val_loss.notna().all()
@@ -85,7 +87,7 @@ def test_resources_beyond_the_cluster_are_refused_before_any_trial(ray_local, tm
 
     spec = parse_spec(tiny_spec_dict(sweep={"cpus_per_trial": 64, "gpus_per_trial": 1}))
     with pytest.raises(SweepError, match=r"cpus_per_trial=64 exceeds the cluster's 2 CPUs.*gpus_per_trial=1 exceeds"):
-        run_sweep(spec, tmp_path)
+        run_sweep(Study.from_spec(spec, tmp_path))
     assert not (tmp_path / "ray_results" / "sweep").exists()
 
 
@@ -93,9 +95,11 @@ def test_a_trial_that_raises_is_recorded_as_failed_and_the_sweep_goes_on(ray_loc
     from hptransfer.spec import parse_spec
     from hptransfer.sweep.runner import run_sweep
 
-    # beta1=1.5 makes torch's AdamW raise at construction: a crashing trial, not a diverging one.
-    spec = parse_spec(tiny_spec_dict(name="fails", sweep={"grid": {"lr": [0.01], "beta1": [0.9, 1.5]}, "steps": 6}))
-    df, _ = run_sweep(spec, tmp_path)
+    # beta1=1.5 makes the trial raise (the spec refuses it, so it is smuggled past validation with
+    # model_copy): a crashing trial, not a diverging one.
+    spec = parse_spec(tiny_spec_dict(name="fails", sweep={"grid": {"lr": [0.01], "beta1": [0.9, 0.95]}, "steps": 6}))
+    spec = spec.model_copy(update={"sweep": spec.sweep.model_copy(update={"grid": {"lr": [0.01], "beta1": [0.9, 1.5]}})})
+    df, _ = run_sweep(Study.from_spec(spec, tmp_path))
     assert len(df) == 4
     bad, good = df[df.beta1 == 1.5], df[df.beta1 == 0.9]
     assert (bad.status == "failed").all() and bad.val_loss.isna().all()

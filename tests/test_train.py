@@ -14,7 +14,8 @@ import pytest
 
 from conftest import tiny_spec_dict
 from hptransfer.spec import parse_spec
-from hptransfer.transfer.plan import TargetShape, TransferPlan
+from hptransfer.plan import TargetShape, TransferPlan
+from hptransfer.study import Study
 
 pytestmark = pytest.mark.slow
 STEPS = 60
@@ -29,7 +30,15 @@ def _plan(**train) -> TransferPlan:
                         train=spec.train)
 
 
-def _kill_rank1_after_first_checkpoint(out: Path, killed: list):
+def run_train(plan: TransferPlan, root: Path, **kw) -> dict:
+    """The large run into root/train (a study folder without a spec, as `hpt train PLAN` makes)."""
+    from hptransfer.train.runner import run_train as run
+
+    return run(Study(None, root, name=plan.study), plan, **kw)
+
+
+def _kill_rank1_after_first_checkpoint(root: Path, killed: list):
+    out = root / "train"
     deadline = time.time() + 240
     while time.time() < deadline:
         # rank 0 writes progress.json after reporting a checkpoint; Ray Train's controller registers
@@ -45,11 +54,9 @@ def _kill_rank1_after_first_checkpoint(out: Path, killed: list):
 
 @pytest.fixture(scope="module")
 def uninterrupted(ray_local, tmp_path_factory):
-    from hptransfer.train.runner import run_train
-
-    out = tmp_path_factory.mktemp("train_a")
-    metrics = run_train(_plan(), out)
-    return out, metrics
+    root = tmp_path_factory.mktemp("train_a")
+    metrics = run_train(_plan(), root)
+    return root / "train", metrics
 
 
 def test_mup_learning_rates_inside_the_engine(uninterrupted):
@@ -67,22 +74,24 @@ def test_mup_learning_rates_inside_the_engine(uninterrupted):
     assert (out / "hf_model" / "config.json").exists()
 
 
-def test_saved_hf_model_reloads_with_mup_intact(uninterrupted):
+def test_saved_hf_model_works_in_plain_transformers_and_reloads_with_mup_intact(uninterrupted):
+    from transformers import AutoModelForCausalLM
+
     from hptransfer.data import load_corpus
-    from hptransfer.models.build import load_trained
-    from hptransfer.sweep.trial import evaluate
+    from hptransfer.models import evaluate
+    from hptransfer.models.handoff import load_handoff
 
     out, metrics = uninterrupted
     plan = _plan()
-    model = load_trained(plan.model, plan.target.width, plan.base_width, str(out / "hf_model"))
-    assert model.lm_head.width_mult() == 128 / 32  # MuReadout back, base shapes set
     val = load_corpus(plan.data.val_fraction, plan.data.max_files).val_batches(plan.data.eval_batches, 8, 32)
-    assert evaluate(model, val) == pytest.approx(metrics["val_loss"], abs=1e-5)
+    plain = AutoModelForCausalLM.from_pretrained(out / "hf_model").eval()  # the consumer's own loader
+    assert evaluate(plain, val) == pytest.approx(metrics["val_loss"], rel=1e-4)
+    model = load_handoff(out / "hf_model")
+    assert model.lm_head.width_mult() == 128 / 32  # MuReadout back, base shapes set
+    assert evaluate(model, val) == pytest.approx(metrics["val_loss"], rel=1e-4)
 
 
 def test_killed_worker_restarts_from_checkpoint_and_matches(uninterrupted, tmp_path):
-    from hptransfer.train.runner import run_train
-
     _, ref = uninterrupted
     killed = []
     watcher = threading.Thread(target=_kill_rank1_after_first_checkpoint, args=(tmp_path, killed), daemon=True)
@@ -97,9 +106,7 @@ def test_killed_worker_restarts_from_checkpoint_and_matches(uninterrupted, tmp_p
 
 
 def test_stopped_run_continues_with_resume(uninterrupted, tmp_path):
-    from hptransfer.train.dsconfig import PlanError
-    from hptransfer.train.runner import run_train
-
+    from hptransfer.errors import PlanError
     _, ref = uninterrupted
     killed = []
     watcher = threading.Thread(target=_kill_rank1_after_first_checkpoint, args=(tmp_path, killed), daemon=True)

@@ -5,7 +5,7 @@ import pytest
 from conftest import tiny_spec_dict
 from hptransfer.spec import parse_spec
 from hptransfer.train.dsconfig import PlanError, deepspeed_config, micro_batching
-from hptransfer.transfer.plan import TargetShape, TransferPlan
+from hptransfer.plan import TargetShape, TransferPlan
 
 
 def _plan(**train):

@@ -12,9 +12,10 @@ import yaml
 from typer.testing import CliRunner
 
 from hptransfer.transfer import cli as transfer_cli
-from hptransfer.transfer.engine import transfer_study
+from hptransfer.pipeline import transfer_stage
+from hptransfer.study import Study
 from hptransfer.transfer.exports import deepspeed_config, hf_training_args
-from hptransfer.transfer.plan import load_plan
+from hptransfer.plan import load_plan
 from hptransfer.transfer.synthetic import synthetic_sweep
 
 app = typer.Typer()
@@ -32,6 +33,12 @@ def sweep_table(widths=(32, 64, 128)) -> pd.DataFrame:
     df["trial_id"] = [f"t{i}" for i in range(len(df))]  # extra columns are ignored
     df["wall_s"] = 1.0
     return df
+
+
+def transfer_study(d):
+    study = Study.from_dir(d)
+    transfer_stage(study)
+    return study.paths.plan
 
 
 def run(*args):
@@ -54,7 +61,7 @@ def test_standalone_transfer_on_a_table(tmp_path, fmt):
     assert plan.rule == "mup-independent-wd" and plan.target.width == 1024 and plan.target.batch_size == 64
     assert plan.hyperparameters["lr"] == pytest.approx(2 * 3e-3, rel=0.25)  # batch ×4 → lr ×2
     assert plan.hyperparameters["weight_decay"] == pytest.approx(0.05, rel=1e-9)  # η·λ held
-    assert plan.diagnostics["fast_transfer"] is True
+    assert plan.diagnostics["fast_transfer"] == "undecided"  # 3 widths cannot decide it (issue 12)
     assert plan.param_group_multipliers["hidden_matrices"]["lr"] == pytest.approx(32 / 1024)
     assert plan.provenance["results_file_hash"]
 
@@ -125,26 +132,20 @@ def test_study_dir_mode_and_transfer_study(tmp_path):
     assert run("transfer", "--study-dir", d, "--rule", "mup").exit_code == 2
 
 
-def test_transfer_study_logs_to_an_active_mlflow_run(tmp_path):
+def test_transfer_stage_logs_the_plan_to_the_sweep_run(tmp_path):
     import mlflow
 
     d = make_study(tmp_path)
-    # An explicit store and artifact root under tmp_path; no global MLflow state is changed.
-    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = client.create_experiment("t", artifact_location=(tmp_path / "artifacts").as_uri())
-    assert transfer_study(d).is_file()  # no active run: nothing logged, no error
-    run_ = client.create_run(exp)
-    mlflow.set_tracking_uri(client.tracking_uri)
-    try:
-        with mlflow.start_run(run_id=run_.info.run_id):
-            transfer_study(d)
-    finally:
-        mlflow.set_tracking_uri(None)
-    got = client.get_run(run_.info.run_id)
+    study = Study.from_dir(d, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert transfer_study(d).is_file()  # no sweep run yet: nothing logged, no error
+    parent = study.tracker("quick-sweep", kind="sweep")  # what `hpt sweep` leaves behind
+    parent.end()
+    transfer_stage(study)
+    client = mlflow.MlflowClient(study.tracking_uri)
+    got = client.get_run(parent.run_id)
     assert got.data.params["transfer_rule"] == "mup"
-    assert "transfer_lr" in got.data.metrics and "transfer_fast" in got.data.metrics
-    assert [a.path for a in client.list_artifacts(run_.info.run_id)] == ["transfer_plan.yaml"]
-    assert load_plan(d / "transfer_plan.yaml").provenance["mlflow_run_id"] == run_.info.run_id
+    assert "transfer_lr" in got.data.metrics
+    assert [a.path for a in client.list_artifacts(parent.run_id)] == ["transfer_plan.yaml"]
 
 
 def test_exports_pass_deepspeed_and_hf_validation(tmp_path):
@@ -175,11 +176,12 @@ def test_export_refuses_what_the_framework_refuses(tmp_path):
     plan = load_plan(transfer_study(make_study(tmp_path)))
     plan.target.batch_size = 0  # DeepSpeed: train_batch_size must be > 0
     bad = tmp_path / "bad.yaml"
-    from hptransfer.transfer.plan import save_plan
+    from hptransfer.plan import save_plan
 
     save_plan(plan, bad)
     r = run("export", bad, "--to", "deepspeed")
-    assert r.exit_code == 2 and "did not pass deepspeed's own validation" in r.output
+    # refused when the plan is read now (batch_size ≥ 1), before DeepSpeed would refuse it
+    assert r.exit_code == 2 and "target.batch_size" in r.output and "greater than or equal to 1" in r.output
     assert run("export", tmp_path / "none.yaml", "--to", "hf").exit_code == 2
     assert run("export", bad, "--to", "megatron").exit_code == 2
     assert deepspeed_config(plan)["train_batch_size"] == 0 and hf_training_args(plan)["max_steps"] == 400

@@ -1,14 +1,23 @@
-"""Paper 2's fits on synthetic power laws with known α, β, and the warnings a sweep can earn."""
+"""Paper 2's fits on synthetic power laws with known α, β, verdicts that abstain, the predicted
+penalty, and the warnings a sweep can earn. Rates over many noisy draws: test_calibration.py."""
 
 import math
 
 import numpy as np
 import pytest
 
-from hptransfer.spec import LOG_SCALE
-from hptransfer.transfer.diagnostics import diagnose, fit_drift, fit_log_linear, fit_loss_vs_width
+from hptransfer.hyperparameters import LOG_SCALE
+from hptransfer.transfer.diagnostics import (
+    diagnose,
+    drift_verdict,
+    fit_drift,
+    fit_log_linear,
+    fit_loss_vs_width,
+    predicted_penalty,
+)
 from hptransfer.transfer.engine import optima_by_width
-from hptransfer.transfer.synthetic import synthetic_sweep
+from hptransfer.transfer.optimum import fit_optimum
+from hptransfer.transfer.synthetic import synthetic_sweep, synthetic_trials
 
 WIDTHS = [32, 64, 128, 256, 512]
 
@@ -56,18 +65,101 @@ def _diag(df, rule="mup", target=4096):
                     transferred={"lr": fits[max(fits)]["lr"].value})  # what `mup` carries over
 
 
-def test_fast_transfer_verdict_and_penalty_on_a_synthetic_sweep():
-    grid = list(np.geomspace(1e-4, 1e-1, 25))
-    fast = _diag(synthetic_sweep(WIDTHS, grid, B=0.0))  # no drift at all
-    assert fast["fast_transfer"] is True and fast["predicted_penalty"] == 0
-    assert fast["loss_fit"]["alpha"] == pytest.approx(0.5, rel=0.02)
-    # Strong drift that decays slowly (β = 0.1 < α/2 = 0.5) is not fast transfer.
-    slow = _diag(synthetic_sweep(WIDTHS, grid, B=3.0, beta=0.1, alpha=1.0))
-    assert slow["fast_transfer"] is False
-    # Penalty at the target = κ·(log lr_used − trend at target)²; check it against the truth's order.
-    true_gap = 3.0 * (512 ** -0.1 - 4096 ** -0.1)
-    assert 0.08 * true_gap**2 / 3 < slow["predicted_penalty"] < 0.08 * true_gap**2 * 3
+def test_log_linear_errors_as_given_unless_the_points_scatter_more():
+    n = np.array(WIDTHS, float)
+    sxx = float(((np.log(n) - np.log(n).mean()) ** 2).sum())
+    f = fit_log_linear(n, 1.0 - 0.7 * np.log(n), se=[0.1] * 5)  # exact line: the given errors hold
+    assert f.scale == 1.0 and f.b_se == pytest.approx(0.1 / math.sqrt(sxx))
+    wobble = 1.0 - 0.7 * np.log(n) + np.array([0.5, -0.5, 0.5, -0.5, 0.5])  # far beyond se = 0.1
+    g = fit_log_linear(n, wobble, se=[0.1] * 5)
+    assert g.scale > 1 and g.b_se == pytest.approx(0.1 / math.sqrt(sxx) * math.sqrt(g.scale))
+
+
+def test_drift_verdict_abstains_without_four_widths_or_a_clear_interval():
+    n = np.array(WIDTHS, float)
+    strong = -1.0 * np.log(n)
+    three = drift_verdict(WIDTHS[:3], strong[:3], [0.01] * 3)
+    assert three["verdict"] == "undecided" and "needs 4" in three["reason"]
+    assert drift_verdict(WIDTHS, strong, [0.1] * 5)["verdict"] == "drift"
+    flat = drift_verdict(WIDTHS, [math.log(3e-3)] * 5, [0.05] * 5)
+    assert flat["verdict"] == "none" and -0.1 < flat["slope_ci"][0] < 0 < flat["slope_ci"][1] < 0.1
+    assert drift_verdict(WIDTHS, [math.log(3e-3)] * 5, [0.5] * 5)["verdict"] == "undecided"  # too noisy to tell
+
+
+def _diag(df, rule="mup", target=4096):
+    fits = optima_by_width(df, ["lr"])
+    return diagnose(fits, ["lr"], LOG_SCALE, rule, "mup", max(fits), target,
+                    transferred={"lr": fits[max(fits)]["lr"].value})  # what `mup` carries over
+
+
+GRID25 = list(np.geomspace(1e-4, 1e-1, 25))
+
+
+def test_no_drift_is_fast_and_its_penalty_prices_only_the_uncertainty():
+    d = _diag(synthetic_sweep(WIDTHS, GRID25, B=0.0))
+    assert d["drift_verdict"]["verdict"] == "none" and d["fast_transfer"] is True
+    assert d["loss_fit"]["alpha"] == pytest.approx(0.5, rel=0.02)
+    # The rule lands on the pooled estimate (bias 0), yet the penalty is κ·se², not 0.
+    assert d["predicted_penalty_bias"] == pytest.approx(0, abs=1e-9)
+    assert d["predicted_penalty"] == pytest.approx(d["curvature"] * d["predicted_penalty_se"] ** 2)
+    lo, hi = d["predicted_penalty_interval"]
+    assert 0 <= lo < d["predicted_penalty"] < hi
+    assert d["warnings"] == []
+
+
+def test_fast_and_slow_drift_are_told_apart_when_the_evidence_allows():
+    # ν* ∝ 1/n forever (β → 0 < α/2): detected drift, not fast, and the mup rule is warned off.
+    slow = _diag(synthetic_sweep(WIDTHS, GRID25, power=-1.0))
+    assert slow["drift_verdict"]["verdict"] == "drift" and slow["fast_transfer"] is False
+    assert slow["fast_transfer_interval"][1] < 0
     assert any("drifts with width" in w and "power-law" in w for w in slow["warnings"])
+    # A drift that dies out as 1/n (β = 1 > α/2 = 0.25): visible on the ladder, but fast.
+    fast = _diag(synthetic_sweep(WIDTHS, GRID25, B=30.0, beta=1.0))
+    assert fast["drift_verdict"]["verdict"] == "drift" and fast["fast_transfer"] is True
+    assert fast["fast_transfer_interval"][0] > 0
+    assert not any("drifts with width" in w for w in fast["warnings"])
+    # A slow decay (β = 0.1 < α/2 = 0.5) that 5 widths cannot pin down: never called fast.
+    slow_decay = _diag(synthetic_sweep(WIDTHS, GRID25, B=3.0, beta=0.1, alpha=1.0))
+    assert slow_decay["drift_verdict"]["verdict"] == "drift" and slow_decay["fast_transfer"] in (False, "undecided")
+    # Penalty at the target ≈ κ·(true gap)² (the trend extrapolates the optimum; the rule does not).
+    true_gap = 3.0 * (512 ** -0.1 - 4096 ** -0.1)
+    assert 0.08 * true_gap**2 / 3 < slow_decay["predicted_penalty"] < 0.08 * true_gap**2 * 3
+
+
+def test_capped_optima_are_bounds_not_evidence_of_drift():
+    """Regression (issue 12): when the LR above the optimum diverges at every width, the capped optima
+    had a bootstrap SE of ~1e-15, the trend fit weighted them 1e30 and any slope > 0.05 read as
+    drift (β = 4). Here the stability edge moves a little with width; the optimum does not."""
+    df = synthetic_sweep(WIDTHS, GRID25, nu_inf=3e-2, noise=0.003, seeds=(0, 1, 2),
+                         diverge_above=lambda n: 1.1e-2 * (n / 32) ** -0.15, rng_seed=4)
+    d = _diag(df)
+    assert set(d["censored_widths"]["lr"].values()) == {"lower"} and d["usable_widths"] == []
+    assert d["drift_verdict"]["verdict"] == "undecided" and d["fast_transfer"] == "undecided"
+    assert not any("drifts with width" in w and "power-law" in w for w in d["warnings"])
+    assert d["predicted_penalty"] > 0  # the widest width's own (censored) uncertainty, not zero
+
+
+def test_three_widths_never_decide():
+    d = _diag(synthetic_sweep(WIDTHS[:3], GRID25, power=-1.0))  # a blatant drift, but 3 widths
+    assert d["drift_verdict"]["verdict"] == "undecided" and d["fast_transfer"] == "undecided"
+    assert "interpolates" in d["fast_transfer_reason"]
+
+
+def test_predicted_penalty_is_kappa_times_bias_squared_plus_variance():
+    v, loss, div = synthetic_trials(128, GRID25, noise=0.0, rng=np.random.default_rng(0))
+    fit = fit_optimum(v, loss, diverged=div)
+    k, se = fit.curvature, fit.log_se
+    at = predicted_penalty(fit, fit.value)  # the rule lands on the estimate: still κ·se²
+    assert at.mean == pytest.approx(k * se**2) and at.bias == pytest.approx(0, abs=1e-12)
+    off = predicted_penalty(fit, fit.value * math.exp(0.5), estimate_se=0.2)
+    assert off.mean == pytest.approx(k * (0.25 + 0.04)) and off.bias == pytest.approx(0.5)
+    assert off.lo < k * 0.25 < off.mean < off.hi
+    # The interval is a 95% predictive interval of κ·(x_rule − x*)² for x* ~ N(x̂, se²).
+    xs = math.log(fit.value) + 0.2 * np.random.default_rng(1).standard_normal(20_000)
+    realized = k * (math.log(fit.value) + 0.5 - xs) ** 2
+    assert realized.mean() == pytest.approx(off.mean, rel=0.03)
+    assert np.mean((off.lo <= realized) & (realized <= off.hi)) == pytest.approx(0.95, abs=0.01)
+    assert predicted_penalty(fit_optimum(GRID25, np.full(25, 2.0)), 1e-3) is None  # flat: no curvature
 
 
 def test_warnings_edge_few_widths_nonconvex_divergence():
@@ -75,7 +167,7 @@ def test_warnings_edge_few_widths_nonconvex_divergence():
     d = _diag(synthetic_sweep([32, 64], grid, nu_inf=5e-2))  # optimum above the grid; 2 widths
     text = " | ".join(d["warnings"])
     assert "grid edge; extend sweep.grid.lr" in text
-    assert "only 2 widths" in text and d["fast_transfer"] is None
+    assert "only 2 widths" in text and d["fast_transfer"] == "undecided"
     df = synthetic_sweep([32, 64, 128], list(np.geomspace(1e-4, 1e-1, 13)), nu_inf=2e-2,
                          diverge_above=lambda n: 1.1e-2)
     text = " | ".join(_diag(df)["warnings"])

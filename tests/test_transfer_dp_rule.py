@@ -4,11 +4,11 @@ import math
 
 import pytest
 
-from hptransfer.dp.config import DPConfig
+from hptransfer.privacy import DPConfig
 from hptransfer.dp.plan import dp_plan_for
 from hptransfer.spec import load_spec
 from hptransfer.transfer.engine import make_plan
-from hptransfer.transfer.plan import load_plan, save_plan
+from hptransfer.plan import load_plan, save_plan
 from hptransfer.transfer.rules import RULES, Evidence, Target
 from hptransfer.transfer.synthetic import synthetic_sweep
 

@@ -1,14 +1,15 @@
 """The contract every registered rule must pass, and recovery of known optima from synthetic sweeps."""
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 
+from hptransfer.plan import load_plan, save_plan
 from hptransfer.spec import DEFAULT_HPS
 from hptransfer.transfer.engine import make_plan, standalone_spec
 from hptransfer.transfer.heuristics import adjust_for_batch_and_steps
-from hptransfer.transfer.plan import load_plan, save_plan
 from hptransfer.transfer.rules import RULES, Evidence, Target, group_multipliers
 from hptransfer.transfer.schedule import default_timescale, sp_warmup_factor, steps_to_half, warmup_multiplier
 from hptransfer.transfer.synthetic import synthetic_sweep, true_optimum
@@ -140,7 +141,7 @@ def test_sp_warmup_schedule_matches_paper3_formula():
     # ≈ ln(m)/(ηλ) steps to reach 1/√2 (paper 3), up to the ln(m² − 1) vs 2 ln m difference
     assert s["steps_to_half"] == pytest.approx(math.log(m) / eta_lambda, rel=0.1)
     vals = [sp_warmup_factor(t, m, s["timescale"]) for t in range(0, 20_000, 500)]
-    assert all(b >= a for a, b in zip(vals, vals[1:])) and vals[-1] > 0.99
+    assert all(b >= a for a, b in itertools.pairwise(vals)) and vals[-1] > 0.99
 
 
 def test_sp_warmup_timescale_parameter_and_zero_wd_fallback():
@@ -163,3 +164,70 @@ def test_rules_warn_on_the_wrong_parametrization():
 def test_heuristics_are_a_no_op_without_a_change():
     hps = {"lr": 1e-3, "weight_decay": 0.1, "warmup_steps": 10.0}
     assert adjust_for_batch_and_steps(hps, 16, 16, 100, 100, True) == (hps, [])
+
+
+def test_mup_standard_wd_keeps_weight_decay_coupled_so_eta_lambda_shrinks():
+    """Paper 3's comparison variant: hidden matrices lr/m with weight_decay ×1 (MuAdamW would apply
+    ×m, so the trainer divides by m); `mup-independent-wd`/`mup` keep ×m, i.e. η·λ constant."""
+    ev = evidence("mup-standard-wd", slope=0.0)
+    std = RULES["mup-standard-wd"](ev, target(1024))
+    ind = RULES["mup-independent-wd"](ev, target(1024))
+    m = 1024 / 32
+    assert std.param_group_multipliers["hidden_matrices"] == {"lr": 1 / m, "weight_decay": 1.0}
+    assert ind.param_group_multipliers["hidden_matrices"] == {"lr": 1 / m, "weight_decay": m}
+    g = std.param_group_multipliers["hidden_matrices"]
+    assert g["lr"] * g["weight_decay"] == pytest.approx(1 / m)  # η·λ per hidden matrix shrinks as 1/m
+    assert std.hyperparameters == ind.hyperparameters  # same optimum carried over
+    assert any("divide" in n and "MuAdamW" in n for n in std.notes)
+    sp = Evidence(optima=ev.optima, fixed=ev.fixed, base_width=32, parametrization="sp")
+    assert any("not µP" in w for w in RULES["mup-standard-wd"](sp, target(1024)).warnings)
+
+
+def _ev_noisy(optima, se=0.05, censored=None):
+    return Evidence(optima={w: {"lr": v} for w, v in optima.items()}, fixed={"weight_decay": 0.1}, base_width=32,
+                    parametrization="mup", log_se={w: {"lr": se} for w in optima},
+                    censored={w: {"lr": c} for w, c in (censored or {}).items()})
+
+
+def test_power_law_leaves_censored_widths_out_of_the_fit():
+    optima = {w: 4e-3 * (w / 32) ** -0.5 for w in WIDTHS}
+    optima[256] = 1e-1  # capped at a far-off value by divergence: a bound, not a point
+    res = RULES["power-law"](_ev_noisy(optima, censored={256: "lower"}), target(1024))
+    assert res.hyperparameters["lr"] == pytest.approx(4e-3 * (1024 / 32) ** -0.5, rel=1e-6)
+    assert any("censored widths [256] left out" in n for n in res.notes)
+
+
+def test_power_law_extrapolates_only_a_significant_slope():
+    rng = np.random.default_rng(0)
+    noise = {w: float(e) for w, e in zip(WIDTHS, 0.3 * rng.standard_normal(len(WIDTHS)))}
+    flat = {w: 4e-3 * math.exp(noise[w]) for w in WIDTHS}  # no trend, scatter 0.3 ≫ se 0.05
+    res = RULES["power-law"](_ev_noisy(flat), target(4096))
+    assert res.hyperparameters["lr"] == flat[256]  # the widest uncensored optimum, as is
+    assert any("slope not significant" in n for n in res.notes)
+    two = RULES["power-law"](_ev_noisy({32: 4e-3, 64: 3e-3, 128: 1e-2}, censored={128: "lower"}), target(4096))
+    assert two.hyperparameters["lr"] == 3e-3 and any("too few to fit a slope" in n for n in two.notes)
+
+
+def test_power_law_extrapolation_is_bounded_by_its_prediction_interval():
+    optima = {w: 4e-3 * (w / 32) ** -0.5 for w in WIDTHS}
+    tight = RULES["power-law"](_ev_noisy(optima, se=0.02), target(4096))
+    assert tight.hyperparameters["lr"] == pytest.approx(4e-3 * (4096 / 32) ** -0.5, rel=1e-6)
+    assert not tight.warnings
+    # Same slope measured with errors of 0.4: significant (|b|/se > 2), but the 95% interval at
+    # 16× beyond the ladder spans more than ×/÷2: use its end nearest the widest optimum.
+    loose = RULES["power-law"](_ev_noisy({w: 4e-3 * (w / 32) ** -1.5 for w in WIDTHS}, se=0.4), target(4096))
+    widest, trend = 4e-3 * (256 / 32) ** -1.5, 4e-3 * (4096 / 32) ** -1.5
+    assert trend < loose.hyperparameters["lr"] < widest
+    assert any("uncertain by more than" in w for w in loose.warnings)
+
+
+def test_sp_warmup_caps_a_timescale_longer_than_the_run():
+    ev = evidence("sp-warmup", slope=0.0, wd=0.1)
+    res = RULES["sp-warmup"](ev, target(1024, steps=1000))  # τ = 1/(ηλ) ≈ 2500 steps: 1/√2 at ≈ 3385
+    s = res.schedule
+    assert s["timescale_uncapped"] == pytest.approx(default_timescale(4e-3 * 0.1))
+    assert s["steps_to_half"] == pytest.approx(1000) and steps_to_half(s["m"], s["timescale"]) == pytest.approx(1000)
+    assert warmup_multiplier(1000, {"schedule": s}) == pytest.approx(2**-0.5)
+    assert "capped" in s["timescale_source"] and any("capped the timescale" in w for w in res.warnings)
+    given = RULES["sp-warmup"](ev, target(1024, steps=1000, warmup_timescale=1e5))  # a given one too
+    assert given.schedule["timescale"] < 1e5 and any("capped" in w for w in given.warnings)

@@ -4,8 +4,10 @@ width; under SP it grows (Adam's update of a fan_in-wide dot product adds up ∝
 
 We use `mup.coord_check.get_coord_data` (cuda=False; HF modules that return tuples or caches are
 filtered out) and `plot_coord_data`, and turn the curves into a verdict: the slope of
-log |x| against log width at the last step, per module; the check fails when any slope exceeds
+log |x| against log width at the last step, per module; the check fails when any |slope| exceeds
 `max_slope` (default 0.25: flat within noise for µP, SP's readout grows with slope ≈ 1).
+Activations that *shrink* with width are a µP bug too (e.g. a readout divided by width twice).
+The models are built with the sweep's fixed hyperparameters (init_std, output_mult) applied.
 """
 
 from __future__ import annotations
@@ -13,13 +15,18 @@ from __future__ import annotations
 import math
 import os
 import re
+import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hptransfer import logs
+from hptransfer.hyperparameters import Hyperparameters
 from hptransfer.io import save_figure, write_json
-from hptransfer.spec import StudySpec
+
+if TYPE_CHECKING:
+    from hptransfer.study import Study
 
 # Modules whose forward returns a plain tensor (attention/decoder layers return tuples).
 _TRACKED = re.compile(r"(embed_tokens|embed|prev_embed|[qkvo]_proj|gate_proj|up_proj|down_proj|hidden\.\d+|layernorm|norm|lm_head)$")
@@ -65,7 +72,7 @@ def _slope(widths: np.ndarray, values: np.ndarray) -> float:
     return float(np.polyfit(np.log(widths[ok]), np.log(values[ok]), 1)[0])
 
 
-def coord_check(spec: StudySpec, out_dir: str | Path, widths: list[int] | None = None, batch_size: int = 8, seed: int = 0) -> CoordCheckResult:
+def coord_check(study: Study, widths: list[int] | None = None, batch_size: int = 8, seed: int = 0) -> CoordCheckResult:
     import torch
     from mup.coord_check import get_coord_data, plot_coord_data
 
@@ -73,14 +80,24 @@ def coord_check(spec: StudySpec, out_dir: str | Path, widths: list[int] | None =
     from hptransfer.models import build_model
 
     os.environ.setdefault("MPLBACKEND", "Agg")
+    spec = study.require_spec()
     cc, m = spec.coord_check, spec.model
+    hps = Hyperparameters.of(spec.sweep.fixed)
     widths = widths or cc.widths or list(spec.sweep.widths)
     corpus = load_corpus(spec.data.val_fraction, spec.data.max_files)
     x, y = corpus.batch("train", 0, batch_size, m.seq_len, seed=seed)
     batches = [(x, y.reshape(-1))]  # fix_data: the same batch every step, as in mup's own examples
 
+    t0 = time.time()
+
     def factory(w):
-        return lambda: _LogitsOnly(build_model(m, w, base_width=spec.base_width, seed=seed))
+        def build():
+            # mup builds each width's model just before its steps: one progress line per width
+            logs.progress(f"coord check {widths.index(w) + 1}/{len(widths)}: width {w}, {cc.steps} Adam steps "
+                          f"| {time.time() - t0:.0f}s elapsed")
+            return _LogitsOnly(build_model(m, w, base_width=spec.base_width, hps=hps, seed=seed))
+
+        return build
 
     torch.manual_seed(seed)
     df = get_coord_data(
@@ -94,25 +111,25 @@ def coord_check(spec: StudySpec, out_dir: str | Path, widths: list[int] | None =
     for module, g in last.groupby("module"):
         g = g.groupby("width")["l1"].mean()
         slopes[module] = _slope(g.index.to_numpy(dtype=float), g.to_numpy(dtype=float))
-    worst = max(slopes, key=slopes.get)
+    worst = max(slopes, key=lambda k: abs(slopes[k]))
     result = CoordCheckResult(
         parametrization=m.parametrization, family=m.family, widths=widths, steps=cc.steps,
         max_slope_allowed=cc.max_slope, slopes=slopes, worst_module=worst,
-        worst_slope=slopes[worst], passed=slopes[worst] <= cc.max_slope,
+        worst_slope=slopes[worst], passed=abs(slopes[worst]) <= cc.max_slope,
     )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    paths = study.paths
+    paths.root.mkdir(parents=True, exist_ok=True)
     fig = plot_coord_data(
         df, legend=False, suptitle=f"coord check: {m.family}/{m.parametrization}, Adam lr={cc.lr} "
         f"({'PASS' if result.passed else 'FAIL'}: worst slope {result.worst_slope:.2f} in {worst})",
     )
-    result.files = {"plot": str(save_figure(fig, out / "coord_check.png")), "data": str(out / "coord_check.json")}
-    write_json(out / "coord_check.json", {**asdict(result), "records": df.to_dict(orient="records")})
+    result.files = {"plot": str(save_figure(fig, paths.coord_check_png)), "data": str(paths.coord_check_json)}
+    write_json(paths.coord_check_json, {**asdict(result), "records": df.to_dict(orient="records")})
     return result
 
 
 def describe(result: CoordCheckResult) -> str:
-    verdict = "PASS (activations flat in width)" if result.passed else "FAIL (activations grow with width)"
+    verdict = "PASS (activations flat in width)" if result.passed else "FAIL (activations change with width)"
     return (f"coord check {result.family}/{result.parametrization} over widths {result.widths}: {verdict}; "
             f"worst slope {result.worst_slope:.2f} ({result.worst_module}) vs allowed {result.max_slope_allowed}"
             + ("" if result.passed or math.isnan(result.worst_slope) else

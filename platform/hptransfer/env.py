@@ -22,3 +22,6 @@ def configure() -> None:
     # Tune otherwise changes each trial's working directory and adds noisy warnings.
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # MLflow's own stderr handler would print its INFO lines; without it they reach the root logger,
+    # which hptransfer.logs sends to the study's log file.
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")

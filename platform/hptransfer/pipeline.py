@@ -1,117 +1,138 @@
-"""The pipeline as plain functions (each CLI verb calls one): validate → coord-check → sweep →
-transfer → train. Each stage reads and writes files in the study folder, so a user can stop,
-inspect, edit and resume anywhere.
-
-study_dir/
-  spec.yaml               the validated spec (the study's own copy)
-  coord_check.{png,json}  activation size against width
-  sweep_results.csv       one row per trial;   sweep.png  the µTransfer plot
-  transfer_plan.yaml      the target's hyperparameters and the evidence behind them
-  train/                  train_metrics.json, deepspeed_config.json, hf_model/, ray_results/ (checkpoints)
-  report/index.html       the study as one page a user can open or attach
-  mlflow.db               the MLflow store (unless a tracking URI is given)
+"""The pipeline as plain functions, each `stage(study) -> artifact`: coord-check → sweep → transfer
+→ train → report. Each stage reads and writes files in the study folder (their names live on
+`Study.paths`), so a user can stop, inspect, edit and resume anywhere. CLI verbs, launchers,
+`Study`'s notebook methods and the benchmarks all call these.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import pandas as pd
 
 from hptransfer.io import write_yaml
-from hptransfer.spec import StudySpec, load_spec
-from hptransfer.tracking import resolve_tracking_uri
+from hptransfer.study import Study
 
 
-def default_study_dir(spec: StudySpec) -> Path:
-    return Path("studies") / spec.name
+@dataclass
+class SweepOutcome:
+    table: pd.DataFrame
+    mlflow_run_id: str
+    plot: Path
 
 
-def _spec(spec: StudySpec | str | Path) -> StudySpec:
-    return spec if isinstance(spec, StudySpec) else load_spec(spec)
-
-
-def coord_check_stage(spec, study_dir=None):
+def coord_check_stage(study: Study, *, widths: list[int] | None = None):
     from hptransfer.coordcheck import coord_check
 
-    spec = _spec(spec)
-    return coord_check(spec, Path(study_dir or default_study_dir(spec)))
+    with study.lock():
+        return coord_check(study, widths=widths)
 
 
-def sweep_stage(spec, study_dir=None, *, tracking_uri=None, address=None, restart=False, log=print):
+def sweep_stage(study: Study, *, restart: bool = False, log=print) -> SweepOutcome:
     from hptransfer.sweep.record import log_sweep, plot_sweep
     from hptransfer.sweep.runner import run_sweep
 
-    spec = _spec(spec)
-    study_dir = Path(study_dir or default_study_dir(spec)).resolve()
-    df, grid = run_sweep(spec, study_dir, address=address, restart=restart, log=log)
-    plot = plot_sweep(df, spec, study_dir / "sweep.png")
-    uri = resolve_tracking_uri(study_dir, spec.tracking.uri, tracking_uri)
-    run_id = log_sweep(spec, study_dir, df, grid, uri, plot=plot)
-    return df, run_id
+    spec = study.require_spec()
+    with study.lock():
+        df, grid = run_sweep(study, restart=restart, log=log)
+        write_yaml(study.paths.spec, spec.model_dump(mode="json"))  # the spec these results belong to
+        plot = plot_sweep(df, spec, study.paths.sweep_png)
+        return SweepOutcome(df, log_sweep(study, df, grid, plot=plot), plot)
 
 
-def transfer_stage(spec, study_dir=None, *, sweep_run_id: str | None = None):
-    import pandas as pd
+def transfer_stage(study: Study, *, sweep_run_id: str | None = None):
+    """The study's results table → its plan (written atomically); returns the `TransferPlan`."""
+    from hptransfer.errors import StudyError
+    from hptransfer.plan import save_plan
+    from hptransfer.transfer.engine import check_results_belong, file_hash, make_plan, read_results
 
-    from hptransfer.transfer.engine import file_hash, make_plan
-    from hptransfer.transfer.plan import save_plan
+    spec = study.require_spec()
+    results = study.paths.sweep_results
+    if not results.is_file():
+        raise StudyError(f"{results} not found: no sweep has finished in {study.root}; run `hpt sweep SPEC "
+                         f"--study-dir {study.root}` (or `hpt run SPEC`) first")
+    table = read_results(results)
+    check_results_belong(table, spec, study.sweep_hash, str(results))
+    plan = make_plan(spec, table, provenance={
+        "results_file_hash": file_hash(results), **({"mlflow_sweep_run_id": sweep_run_id} if sweep_run_id else {})})
+    with study.lock():
+        save_plan(plan, study.paths.plan)
+        _log_plan(study, plan)
+    return plan
 
-    spec = _spec(spec)
-    study_dir = Path(study_dir or default_study_dir(spec)).resolve()
-    results = study_dir / "sweep_results.csv"
-    if not results.exists():
-        raise FileNotFoundError(f"{results} not found: run `hpt sweep` first")
-    plan = make_plan(spec, pd.read_csv(results), provenance={
-        "results_hash": file_hash(results), **({"mlflow_sweep_run_id": sweep_run_id} if sweep_run_id else {})})
-    return save_plan(plan, study_dir / "transfer_plan.yaml"), plan
+
+def _log_plan(study: Study, plan) -> str | None:
+    """The plan and its headline numbers on the study's sweep run in MLflow, when there is one."""
+    from hptransfer.tracking import _find_parent
+
+    run_id = _find_parent(study, "sweep")
+    if run_id is None:
+        return None
+    tracker = study.tracker(run_id=run_id)
+    d = plan.diagnostics
+    tracker.log_artifact(study.paths.plan)
+    tracker.log_params({"transfer_rule": plan.rule, "target_width": plan.target.width})
+    metrics = {f"transfer_{k}": v for k, v in plan.hyperparameters.items()}
+    metrics.update({f"transfer_{k}": d[k] for k in ("predicted_penalty", "predicted_target_loss")
+                    if isinstance(d.get(k), (int, float))})
+    if isinstance(d.get("fast_transfer"), bool):
+        metrics["transfer_fast"] = float(d["fast_transfer"])
+    tracker.log_metrics(metrics)
+    return run_id
 
 
-def train_stage(plan_path, study_dir=None, *, tracking_uri=None, address=None, workers=None, gpus_per_worker=None,
-                cpus_per_worker=None, resume=False, restart=False, log=print):
+def train_stage(study: Study, plan: Any = None, *, workers: int | None = None, gpus_per_worker: float | None = None,
+                cpus_per_worker: float | None = None, resume: bool = False, restart: bool = False, log=print) -> dict:
+    """The large run from a plan (default: the study's own); command-line scale knobs override the
+    plan's train settings."""
+    from hptransfer.plan import TransferPlan, load_plan
     from hptransfer.train.runner import run_train
-    from hptransfer.transfer.plan import load_plan
 
-    plan = load_plan(plan_path)
+    plan = plan if isinstance(plan, TransferPlan) else load_plan(plan or study.paths.plan)
     knobs = {k: v for k, v in (("workers", workers), ("gpus_per_worker", gpus_per_worker),
                                ("cpus_per_worker", cpus_per_worker)) if v is not None}
-    if knobs:  # command-line scale knobs override the plan's train settings
+    if knobs:
         plan = plan.model_copy(update={"train": plan.train.model_copy(update=knobs)})
-    study_dir = Path(study_dir or Path(plan_path).parent).resolve()
-    uri = resolve_tracking_uri(study_dir, None, tracking_uri)
-    return run_train(plan, study_dir / "train", tracking_uri=uri, address=address,
-                     resume=resume, restart=restart, log=log)
+    with study.lock():
+        return run_train(study, plan, resume=resume, restart=restart, log=log)
 
 
-def run_study(spec, study_dir=None, *, tracking_uri=None, address=None, restart=False, skip_coord_check=False, log=print) -> dict:
-    """Everything, end to end. Returns where things are."""
-    from hptransfer.coordcheck import describe
-
-    spec = _spec(spec)
-    study_dir = Path(study_dir or default_study_dir(spec)).resolve()
-    study_dir.mkdir(parents=True, exist_ok=True)
-    write_yaml(study_dir / "spec.yaml", spec.model_dump(mode="json"))
-    t0, times = time.time(), {}
-    if not skip_coord_check:
-        r = coord_check_stage(spec, study_dir)
-        log(describe(r))
-        times["coord_check_s"] = time.time() - t0
-    t = time.time()
-    df, sweep_run = sweep_stage(spec, study_dir, tracking_uri=tracking_uri, address=address, restart=restart, log=log)
-    times["sweep_s"] = time.time() - t
-    plan_path, plan = transfer_stage(spec, study_dir, sweep_run_id=sweep_run)
-    log(f"transfer ({plan.rule}): target width {plan.target.width} gets lr={plan.hyperparameters['lr']:.4g}"
-        + "".join(f"\n  warning: {w}" for w in plan.diagnostics.get("warnings", [])))
-    t = time.time()
-    # A re-run continues an interrupted large run (or finds it finished) instead of refusing.
-    metrics = train_stage(plan_path, study_dir, tracking_uri=tracking_uri, address=address, resume=not restart,
-                          restart=restart, log=log)
-    times["train_s"] = time.time() - t
+def report_stage(study: Study, *, log=print) -> Path:
     from hptransfer.report.html import write_report
 
-    uri = resolve_tracking_uri(study_dir, spec.tracking.uri, tracking_uri)
-    report = write_report(study_dir, tracking_uri=uri, log=log)
+    with study.lock():
+        return write_report(study.root, study.tracking_uri, log=log)
+
+
+def run_study(study: Study, *, restart_sweep: bool = False, restart_train: bool = False,
+              skip_coord_check: bool = False, log=print) -> dict:
+    """Everything, end to end, on one Ray, holding the study's lock. Returns where things are.
+    A re-run resumes: the sweep keeps its finished trials, the large run continues from its latest
+    checkpoint (or finds it finished); `restart_sweep` / `restart_train` start that stage over,
+    moving what it replaces aside."""
+    from hptransfer.coordcheck import describe
+
+    t0, times = time.time(), {}
+    with study.lock(), study.ray_session():
+        if not skip_coord_check:
+            log(describe(coord_check_stage(study)))
+            times["coord_check_s"] = time.time() - t0
+        t = time.time()
+        sweep = sweep_stage(study, restart=restart_sweep, log=log)
+        times["sweep_s"] = time.time() - t
+        plan = transfer_stage(study, sweep_run_id=sweep.mlflow_run_id)
+        log(f"transfer ({plan.rule}): target width {plan.target.width} gets lr={plan.hps.lr:.4g}"
+            + "".join(f"\n  warning: {w}" for w in plan.diagnostics.get("warnings", [])))
+        t = time.time()
+        # A re-run continues an interrupted large run (or finds it finished) instead of refusing.
+        metrics = train_stage(study, plan, resume=not restart_train, restart=restart_train, log=log)
+        times["train_s"] = time.time() - t
+        report = report_stage(study, log=log)
     times["total_s"] = time.time() - t0
-    return {"study_dir": str(study_dir), "plan": str(plan_path), "results": str(study_dir / "sweep_results.csv"),
-            "train_metrics": str(study_dir / "train" / "train_metrics.json"), "report": str(report),
-            "tracking_uri": uri,
+    p = study.paths
+    return {"study_dir": str(study.root), "plan": str(p.plan), "results": str(p.sweep_results),
+            "train_metrics": str(p.train.metrics), "report": str(report), "tracking_uri": study.tracking_uri,
             "final": {k: metrics.get(k) for k in ("train_loss", "val_loss", "tokens_per_s")}, "times": times}

@@ -7,29 +7,40 @@ value and what is allowed (`hpt validate SPEC`). Defaults live on the fields, no
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hptransfer.dp.config import DPConfig
+from hptransfer.errors import Problem, SpecError, problems_from_validation
+from hptransfer.hyperparameters import DEFAULT_HPS, LOG_SCALE, TUNABLE, Hyperparameters
+from hptransfer.privacy import DPConfig
+
+__all__ = ["DEFAULT_HPS", "LOG_SCALE", "RULE_NAMES", "TUNABLE", "Hyperparameters", "SpecError", "StudySpec",
+           "load_spec", "parse_spec", "spec_hash", "sweep_hash"]
+
+# The transfer rules by name (their code is registered in hptransfer.transfer.rules; a test checks
+# the two agree). Listed here so the spec can be validated without importing the engine.
+RULE_NAMES = ("mup", "mup-independent-wd", "mup-standard-wd", "sp-warmup", "power-law", "dp")
+MAX_STEPS = 10_000_000  # far beyond any proxy or target run; catches typos like 1e12
 
 
 class _Strict(BaseModel):
     # Unknown keys are typos until proven otherwise: `wdith:` must not be silently ignored.
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and ±inf are never a setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
     family: Literal["llama", "mlp"] = Field("llama", description="`llama`: HF LlamaForCausalLM built from a config; `mlp`: a small byte-level MLP LM for fast tests.")
     depth: int = Field(2, ge=1, le=128, description="Number of transformer blocks (llama) or hidden layers (mlp).")
     head_dim: int = Field(16, ge=4, le=256, description="llama: fixed head size; width = n_heads × head_dim, so attention scaling stays right as width grows.")
-    ffn_mult: float = Field(4.0, gt=0, description="Feed-forward hidden size as a multiple of width.")
+    ffn_mult: float = Field(4.0, gt=0, le=64, description="Feed-forward hidden size as a multiple of width.")
     seq_len: int = Field(64, ge=8, le=8192, description="Context length in bytes.")
     parametrization: Literal["sp", "mup"] = Field("mup", description="`mup`: µP via the `mup` package (MuReadout, base shapes, MuAdamW); `sp`: standard parametrization.")
     base_width: int | None = Field(None, ge=1, description="µP base width (width_mult = width / base_width). Default: the narrowest swept width.")
-    output_mult: float = Field(1.0, gt=0, description="µP readout multiplier (MuReadout output_mult).")
 
 
 class DataSpec(_Strict):
@@ -43,9 +54,11 @@ class SweepSpec(_Strict):
     widths: list[int] = Field(..., description="The width ladder, strictly increasing, e.g. [32, 64, 128].")
     grid: dict[str, list[float]] = Field(..., description="Hyperparameters to tune and their grid values, e.g. {lr: [1e-3, 3e-3, 1e-2]}.")
     fixed: dict[str, float] = Field(default_factory=dict, description="Hyperparameters held fixed during the sweep (weight_decay, warmup_steps, ...).")
-    steps: int = Field(100, ge=1, description="Training steps per trial.")
-    batch_size: int = Field(16, ge=1, description="Sequences per step in each trial.")
-    seeds: list[int] = Field(default_factory=lambda: [0], description="Seeds per grid point.")
+    steps: int = Field(100, ge=1, le=MAX_STEPS, description="Training steps per trial.")
+    batch_size: int = Field(16, ge=1, le=1_000_000, description="Sequences per step in each trial.")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Seeds per grid point.")
+    max_trials: int = Field(2000, ge=1, description="Refuse a sweep with more trials than this (widths × grid × seeds); raise it deliberately for a big search.")
+    wall_clock_budget_s: float | None = Field(None, gt=0, description="Stop starting new trials after this many seconds (Ray Tune's time budget); finished trials are kept.")
     cpus_per_trial: float = Field(1.0, gt=0, description="Ray CPUs per trial (also torch threads in the trial).")
     gpus_per_trial: float = Field(0.0, ge=0, description="Ray GPUs per trial (fractions share a GPU).")
     scheduler: Literal["fifo", "asha"] = Field("fifo", description="`asha`: stop poor trials early (Ray Tune's ASHAScheduler); stopped trials get status `stopped`.")
@@ -76,6 +89,10 @@ class SweepSpec(_Strict):
                 raise ValueError(f"grid.{name} is empty: give at least one value")
             if name in LOG_SCALE and any(x <= 0 for x in values):
                 raise ValueError(f"grid.{name} must be > 0 (it is searched on a log scale), got {values}")
+            if len(set(values)) != len(values):
+                raise ValueError(f"grid.{name} repeats values {sorted({x for x in values if values.count(x) > 1})}; "
+                                 "list each value once (add seeds for replicates)")
+            _check_hps(name, values)
         return v
 
     @field_validator("fixed")
@@ -84,18 +101,30 @@ class SweepSpec(_Strict):
         for name in v:
             if name not in TUNABLE:
                 raise ValueError(f"unknown hyperparameter {name!r}; known ones are {sorted(TUNABLE)}")
+            _check_hps(name, [v[name]])
         return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"seeds repeat {v}; list each seed once")
+        return v
+
+    @property
+    def n_trials(self) -> int:
+        return len(self.widths) * len(self.seeds) * math.prod(len(x) for x in self.grid.values())
 
 
 class TransferSpec(_Strict):
-    rule: str = Field("mup", description="Transfer rule by name (see `hpt transfer --help`).")
+    rule: str = Field("mup", description=f"Transfer rule by name: one of {', '.join(RULE_NAMES)}.")
     warmup_timescale: float | None = Field(None, gt=0, description="sp-warmup: timescale τ (steps) of the multiplicative warmup; null: 1/(lr·weight_decay) (paper 3).")
 
 
 class TargetSpec(_Strict):
     width: int = Field(..., ge=1, description="Width of the large model.")
-    steps: int | None = Field(None, ge=1, description="Training steps of the large run. Default: the sweep's.")
-    batch_size: int | None = Field(None, ge=1, description="Global batch (sequences) of the large run. Default: the sweep's.")
+    steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="Training steps of the large run. Default: the sweep's.")
+    batch_size: int | None = Field(None, ge=1, le=1_000_000, description="Global batch (sequences) of the large run. Default: the sweep's.")
 
 
 class TrainSpec(_Strict):
@@ -120,14 +149,22 @@ class RaySpec(_Strict):
 
 
 class CoordCheckSpec(_Strict):
-    widths: list[int] | None = Field(None, description="Widths to check. Default: the sweep ladder plus the target width capped at 4× the widest.")
+    widths: list[int] | None = Field(None, min_length=2, description="Widths to check. Default: the sweep ladder plus the target width capped at 4× the widest.")
     steps: int = Field(4, ge=2, le=20, description="Adam steps recorded.")
     lr: float = Field(1e-2, gt=0)
-    max_slope: float = Field(0.25, gt=0, description="Fail when log(activation size) grows faster than this power of width.")
+    max_slope: float = Field(0.25, gt=0, description="Fail when log(activation size) changes faster than this power of width (growing or shrinking).")
+
+    @field_validator("widths")
+    @classmethod
+    def _positive(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(w <= 0 for w in v):
+            raise ValueError(f"widths must be positive, got {v}")
+        return v
 
 
 class StudySpec(_Strict):
-    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Study name: folder and MLflow experiment name.")
+    # A safe path component and label value: starts with a letter or digit (never `.` or `..`).
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", description="Study name: folder and MLflow experiment name (letters, digits, `_.-`, at most 63, starting with a letter or digit).")
     seed: int = 0
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
@@ -153,10 +190,14 @@ class StudySpec(_Strict):
                         f"{self.sweep.widths[-1]}; transfer goes to a wider model")
         if self.model.base_width is not None and self.model.base_width > self.sweep.widths[0]:
             errs.append(f"model.base_width={self.model.base_width} exceeds the narrowest width {self.sweep.widths[0]}")
-        from hptransfer.transfer.rules import RULES
-
-        if self.transfer.rule not in RULES:
-            errs.append(f"transfer.rule={self.transfer.rule!r} is unknown; choose one of {sorted(RULES)}")
+        if self.transfer.rule not in RULE_NAMES:
+            errs.append(f"transfer.rule={self.transfer.rule!r} is unknown; choose one of {sorted(RULE_NAMES)}")
+        elif self.transfer.rule == "dp" and self.dp is None:
+            errs.append("transfer.rule='dp' needs a `dp:` block (epsilon, delta, dataset_size, epochs); "
+                        "add one (see search_spaces/dp-finetune.yaml) or choose another rule")
+        if self.sweep.n_trials > self.sweep.max_trials:
+            errs.append(f"the sweep has {self.sweep.n_trials} trials (widths × grid × seeds), above "
+                        f"sweep.max_trials={self.sweep.max_trials}; shrink the grid or raise sweep.max_trials")
         if errs:
             raise ValueError("; ".join(errs))
         return self
@@ -175,22 +216,16 @@ class StudySpec(_Strict):
         return self.target.batch_size or self.sweep.batch_size
 
 
-# Hyperparameters a trial understands; LOG_SCALE ones are fitted against log(value).
-TUNABLE = {"lr", "weight_decay", "warmup_steps", "beta1", "beta2", "init_std", "output_mult", "grad_clip"}
-LOG_SCALE = {"lr", "weight_decay", "init_std", "output_mult"}
-# grad_clip 0 = no clipping; the large run clips exactly as the sweep did, or the optimum may move.
-DEFAULT_HPS: dict[str, float] = {"lr": 1e-2, "weight_decay": 0.0, "warmup_steps": 0, "beta1": 0.9, "beta2": 0.98, "grad_clip": 0.0}
-
-
-class SpecError(Exception):
-    """A spec that failed validation; `problems` holds (yaml_path, message, bad_value) for each error."""
-
-    def __init__(self, source: str, problems: list[tuple[str, str, Any]]):
-        self.source, self.problems = source, problems
-        lines = [f"{source}: {len(problems)} problem(s)"]
-        for path, msg, value in problems:
-            lines.append(f"  - {path or '<root>'}: {msg} (got {value!r})")
-        super().__init__("\n".join(lines))
+def _check_hps(name: str, values: list[float]) -> None:
+    """Each value must be a valid setting of that hyperparameter (finite, in range)."""
+    bad = []
+    for x in values:
+        try:
+            Hyperparameters.model_validate({name: x})
+        except ValidationError as e:
+            bad.append(f"{x!r}: {e.errors()[0]['msg']}")
+    if bad:
+        raise ValueError(f"{name} values out of range: {'; '.join(bad)}")
 
 
 def _allowed_keys(loc: tuple) -> list[str]:
@@ -205,39 +240,31 @@ def _allowed_keys(loc: tuple) -> list[str]:
     return sorted(getattr(model, "model_fields", {}))
 
 
-def _path(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
-
-
 def parse_spec(data: Any, source: str = "<spec>") -> StudySpec:
     if not isinstance(data, dict):
-        raise SpecError(source, [("", "the spec must be a YAML mapping", type(data).__name__)])
+        raise SpecError(source, [Problem("", "the spec must be a YAML mapping", type(data).__name__)])
     try:
         return StudySpec.model_validate(data)
     except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = f"unknown key (typo?); allowed here: {', '.join(_allowed_keys(err['loc'])) or '(none)'}"
-            elif err["type"] == "missing":
-                msg = "required field is missing"
-            problems.append((_path(err["loc"]), msg, err.get("input")))
-        raise SpecError(source, problems) from None
+        raise SpecError(source, problems_from_validation(e, allowed_keys=_allowed_keys)) from None
 
 
 def load_spec(path: str | Path) -> StudySpec:
     path = Path(path)
     if not path.is_file():
-        raise SpecError(str(path), [("", "spec file not found", str(path))])
+        raise SpecError(str(path), [Problem("", "spec file not found", str(path), "check the path")])
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise SpecError(str(path), [("", f"not valid YAML: {e}", None)]) from None
+        raise SpecError(str(path), [Problem("", f"not valid YAML: {e}")]) from None
     return parse_spec(data, str(path))
+
+
+def sweep_hash(spec: StudySpec) -> str:
+    """Hash of what the sweep's results depend on (model, data, sweep, seed): a results table or an
+    interrupted sweep belongs to it. Editing the target or the rule keeps the results valid."""
+    blob = spec.model_dump_json(include={"model", "data", "sweep", "seed"})
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def spec_hash(spec: StudySpec) -> str:

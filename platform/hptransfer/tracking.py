@@ -1,32 +1,27 @@
-"""MLflow at the edges: tracking URI defaults, the sweep's parent/child runs, and a tracker object
-training code calls without branching on rank or on whether tracking is on (NullTracker)."""
+"""MLflow at the edges, through one idiom: `MlflowTracker` (MLflow's client, no global active-run
+state), made by `Study.tracker`; `NullTracker` so training code never branches on rank or on
+whether tracking is on; `log_sweep_runs`, the one parent/child logger every sweep uses;
+`BatchedMetrics`, per-step metrics written in batches (the large run's rank 0)."""
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from hptransfer.study import Study
 
 TAG_STUDY = "hpt.study_dir"
 TAG_KIND = "hpt.kind"
 TAG_TRIAL = "hpt.trial_id"
+MAX_METRICS_PER_BATCH = 1000  # MLflow's limit on one log_batch
 
-
-def default_tracking_uri(study_dir: str | Path) -> str:
-    return f"sqlite:///{Path(study_dir).resolve() / 'mlflow.db'}"
-
-
-def resolve_tracking_uri(study_dir: str | Path, spec_uri: str | None, override: str | None) -> str:
-    import os
-
-    return override or spec_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(study_dir)
-
-
-class Tracker(Protocol):
-    def log_params(self, params: dict[str, Any]) -> None: ...
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
-    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
-    def set_tags(self, tags: dict[str, Any]) -> None: ...
-    def end(self, status: str = "FINISHED") -> None: ...
+MetricRow = tuple[dict[str, Any], int, int]  # (metrics, step, timestamp in ms)
 
 
 class NullTracker:
@@ -34,6 +29,7 @@ class NullTracker:
 
     def log_params(self, params): pass
     def log_metrics(self, metrics, step=None): pass
+    def log_metric_rows(self, rows): pass
     def log_artifact(self, path, artifact_path=None): pass
     def set_tags(self, tags): pass
     def end(self, status="FINISHED"): pass
@@ -63,16 +59,16 @@ class MlflowTracker:
         self.client.log_batch(self.run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
 
     def log_metrics(self, metrics, step=None):
-        import math
-        import time
+        self.log_metric_rows([(metrics, step or 0, int(time.time() * 1000))])
 
+    def log_metric_rows(self, rows: list[MetricRow]):
+        """Many steps' metrics in as few `log_batch` calls as MLflow allows (finite numbers only)."""
         from mlflow.entities import Metric
 
-        ts = int(time.time() * 1000)
-        ms = [Metric(k, float(v), ts, step or 0) for k, v in metrics.items()
+        ms = [Metric(k, float(v), ts, step or 0) for metrics, step, ts in rows for k, v in metrics.items()
               if isinstance(v, (int, float)) and math.isfinite(float(v))]
-        if ms:
-            self.client.log_batch(self.run_id, metrics=ms)
+        for i in range(0, len(ms), MAX_METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=ms[i:i + MAX_METRICS_PER_BATCH])
 
     def log_artifact(self, path, artifact_path=None):
         if Path(path).is_dir():
@@ -86,3 +82,78 @@ class MlflowTracker:
 
     def end(self, status="FINISHED"):
         self.client.set_terminated(self.run_id, status)
+
+
+class BatchedMetrics:
+    """A tracker whose `log_metrics` is buffered: one write every `every` calls and on `flush()`,
+    each value with its own step and the time it was measured; everything else goes straight
+    through. `seconds` is the time spent writing (benchmarks/train_throughput.py --mlflow)."""
+
+    def __init__(self, tracker, every: int):
+        self.tracker, self.every = tracker, max(1, int(every))
+        self.rows: list[MetricRow] = []
+        self.seconds = 0.0
+
+    def __getattr__(self, name: str):
+        return getattr(self.tracker, name)
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append((dict(metrics), step or 0, int(time.time() * 1000)))
+        if len(self.rows) >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.rows:
+            t = time.perf_counter()
+            rows, self.rows = self.rows, []
+            self.tracker.log_metric_rows(rows)
+            self.seconds += time.perf_counter() - t
+
+
+def log_sweep_runs(study: Study, df: pd.DataFrame, *, kind: str, child_kind: str, run_name: str, parent_params: dict[str, Any],
+                   child_name: Callable[[dict], str], child_params: Callable[[dict], dict],
+                   child_metrics: Callable[[dict], dict], parent_metrics: dict[str, float],
+                   artifacts: list[Path], history: Callable[[dict], list[dict]] | None = None) -> str:
+    """One parent run per sweep and one child per row of its table (tag `mlflow.parentRunId`).
+
+    Written from the driver after Tune returns, so trials never contend for a SQLite store, and
+    idempotent: a resumed sweep reuses its parent run (found by study folder and kind) and skips
+    children already logged (by `trial_id`). Returns the parent run id."""
+    parent_id = _find_parent(study, kind)
+    if parent_id:
+        parent = study.tracker(run_id=parent_id)
+    else:
+        parent = study.tracker(run_name, kind=kind, tags={"hpt.spec_hash": study.spec_hash})
+        parent.log_params(parent_params)
+    client = parent.client
+    done = {r.data.tags.get(TAG_TRIAL) for r in client.search_runs(
+        [client.get_run(parent.run_id).info.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent.run_id}'", max_results=10000)}
+    for row in df.to_dict(orient="records"):
+        if row["trial_id"] in done:
+            continue
+        child = study.tracker(child_name(row), kind=child_kind,
+                              parent_run_id=parent.run_id, tags={TAG_TRIAL: row["trial_id"], "status": row["status"]})
+        child.log_params(child_params(row))
+        for h in (history(row) if history else []):
+            child.log_metrics({k: v for k, v in h.items() if k != "step"}, step=int(h.get("step", 0)))
+        child.log_metrics(child_metrics(row))
+        child.end("FINISHED" if row["status"] == "ok" else "FAILED")
+    parent.log_metrics(parent_metrics)
+    for path in artifacts:
+        if Path(path).exists():
+            parent.log_artifact(path)
+    parent.end()
+    return parent.run_id
+
+
+def _find_parent(study: Study, kind: str) -> str | None:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(study.tracking_uri)
+    exp = client.get_experiment_by_name(study.experiment)
+    if not exp:
+        return None
+    runs = client.search_runs([exp.experiment_id],
+                              filter_string=f"tags.`{TAG_STUDY}` = '{study.root}' and tags.`{TAG_KIND}` = '{kind}'")
+    return runs[0].info.run_id if runs else None

@@ -16,11 +16,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-# Never upload these: the venv alone is GBs (Ray refuses packages over 500 MiB), and local
-# study outputs, caches and VCS data are not inputs of a job.
+# Never upload these with the project (`working_dir`) or the package (`py_modules`): a Ray
+# cluster is often shared, and whatever is uploaded is readable by every job on it. Ray's own
+# defaults (.git, .venv, venv, __pycache__) can be switched off by an environment variable and
+# `.gitignore` is skipped under RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1, so this list stands on its
+# own. The repo's `.rayignore` holds the same patterns (a test keeps them equal) for uploads
+# made without this module (`ray job submit --working-dir .`). gitignore syntax: a pattern
+# without `/` matches at any depth, a trailing `/` matches directories only.
 DEFAULT_EXCLUDES = [
-    ".venv/", ".git/", "studies/", "runs/", "mlruns/", "mlartifacts/", ".cache/",
-    "__pycache__/", "*.pyc", "*.egg-info/", ".pytest_cache/", "build/",
+    # secrets: dotenv files, keys and certificates' private halves, Ray/cloud/SSH credentials
+    ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_ed25519*", "id_ecdsa*",
+    ".ray/", "auth_token", "*.token", ".netrc", ".pypirc", ".git-credentials", ".ssh/", ".aws/",
+    ".kube/", "kubeconfig", ".docker/",
+    # version control
+    ".git/",
+    # local databases and tracking stores
+    "*.db", "*.sqlite", "*.sqlite3", "mlruns/", "mlartifacts/",
+    # virtual environments
+    ".venv/", "venv/", ".tox/", ".nox/",
+    # caches and build outputs
+    ".cache/", "__pycache__/", "*.pyc", "*.egg-info/", ".pytest_cache/", ".ruff_cache/", ".mypy_cache/",
+    ".hypothesis/", "build/", "dist/",
+    # study folders and run outputs (written on the cluster, never read from here)
+    "studies/", "runs/", "ray_results/",
 ]
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
@@ -73,12 +91,57 @@ def runtime_env(project: Path, env_vars: dict[str, str] | None = None,
 # Verbs that start Ray themselves unless given --address; under the Jobs API they must join the
 # job's cluster instead (RAY_ADDRESS is set for the driver, so `auto` finds it).
 JOINS_CLUSTER = {"run", "sweep"}
+# Where a job's study folder goes unless --study-dir says otherwise: the job's working directory
+# is a temporary copy deleted with the job (and not shared between nodes), so the default is a
+# shared volume, mounted here on every node of the k8s RayCluster (`hpt-studies`).
+DEFAULT_STUDY_ROOT = "/studies"
+TAKES_STUDY_DIR = {"run", "sweep", "coord-check", "dp-sweep"}
 
 
-def hpt_entrypoint(verb: str, spec: str, *args: str) -> str:
-    """`hpt <verb> <spec> <args...> [--address auto]`, shell-quoted (Ray runs it in a shell)."""
+def hpt_entrypoint(verb: str, spec: str, *args: str, study_dir: str | None = None) -> str:
+    """`hpt <verb> <spec> <args...> [--study-dir D] [--address auto]`, shell-quoted (Ray runs it
+    in a shell). `study_dir` is added only where the verb takes one and `args` do not set it."""
     extra = ["--address", "auto"] if verb in JOINS_CLUSTER and "--address" not in args else []
+    if study_dir and verb in TAKES_STUDY_DIR and not has_flag(args, "--study-dir", "-o"):
+        extra = ["--study-dir", study_dir, *extra]
     return shlex.join(["hpt", verb, spec, *args, *extra])
+
+
+def has_flag(args: tuple[str, ...], *names: str) -> bool:
+    """`args` set one of the flags `names`, as `--flag value` or `--flag=value`."""
+    return any(a in names or a.startswith(tuple(f"{n}=" for n in names)) for a in args)
+
+
+def upload_listing(env: dict[str, Any]) -> dict[str, list[str]]:
+    """What Ray would upload for this runtime_env: package path -> the file names in its zip.
+
+    Built by Ray's own packaging code (`create_package`, the function the Jobs SDK's upload calls)
+    with the excludes Ray itself combines: its defaults (RAY_OVERRIDE_RUNTIME_ENV_DEFAULT_EXCLUDES),
+    `.gitignore` (unless RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1) and `.rayignore` in each folder, and
+    the runtime_env's `excludes`. `py_modules` get no Ray defaults, as in Ray.
+    """
+    import os
+    import tempfile
+    import zipfile
+
+    from ray._private import ray_constants
+    from ray._private.runtime_env.packaging import create_package
+
+    include_gitignore = os.environ.get(ray_constants.RAY_RUNTIME_ENV_IGNORE_GITIGNORE, "0") != "1"
+    user = list(env.get("excludes") or [])
+    packages = []
+    if env.get("working_dir"):
+        packages.append((env["working_dir"], False, ray_constants.get_runtime_env_default_excludes() + user))
+    packages += [(m, True, user) for m in env.get("py_modules") or []]
+    out: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory(prefix="hpt-upload-") as tmp:
+        for i, (path, parent, excludes) in enumerate(packages):
+            target = Path(tmp) / f"{i}.zip"
+            create_package(str(path), target, include_gitignore=include_gitignore, include_parent_dir=parent,
+                           excludes=excludes)
+            with zipfile.ZipFile(target) as z:
+                out[str(path)] = sorted(n for n in z.namelist() if not n.endswith("/"))
+    return out
 
 
 def _status(info: Any) -> str:

@@ -1,4 +1,4 @@
-"""Differentially private fine-tuning (RESEARCH.md, paper 1: Rehn et al., arXiv 2510.20616).
+"""Differentially private fine-tuning (docs/RESEARCH.md, paper 1: Rehn et al., arXiv 2510.20616).
 
 One concept per file, in pipeline order:
 `config` (the spec's `dp:` block) → `accounting` (σ(B) from Opacus' accountants, the σ√T table) →

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from hptransfer.console import user_errors
+
 # CLI flag for each DPConfig field, so validation errors name what the user typed.
 _FLAGS = {"epsilon": "--epsilon", "delta": "--delta", "dataset_size": "--dataset-size", "epochs": "--epochs",
           "batch_sizes": "--batch-sizes", "min_steps": "--min-steps", "tolerance": "--tolerance",
@@ -23,19 +25,19 @@ def _parse_batch_sizes(text: str | None) -> list[int] | None:
                                  param_hint="--batch-sizes") from None
 
 
-def _fail(problems: list[str]) -> None:
-    from rich.console import Console
+def _fail(problems: list) -> None:
+    from hptransfer.errors import DPError, Problem
 
-    err = Console(stderr=True)
-    err.print(f"[bold red]dp-plan: {len(problems)} problem(s)[/]")
-    for p in problems:
+    out = []
+    for p in map(str, problems):
         for field, flag in _FLAGS.items():  # name the flag the user typed, not the config field
             if p.startswith(f"{field}="):
                 p = flag + p[len(field):]
-        err.print(f"  - {p}", markup=False, highlight=False)
-    raise typer.Exit(code=2)
+        out.append(Problem("", p))
+    raise DPError("dp-plan", out)
 
 
+@user_errors
 def dp_plan(
     epsilon: Annotated[float, typer.Option(help="Target ε of the whole run (> 0).")],
     dataset_size: Annotated[int, typer.Option(help="N, private training examples.")],
@@ -51,7 +53,7 @@ def dp_plan(
     ε falls, and the LR scaling √(B′/B) (Rehn et al., arXiv 2510.20616)."""
     from pydantic import ValidationError
 
-    from hptransfer.dp.config import DPConfig
+    from hptransfer.privacy import DPConfig
     from hptransfer.dp.plan import DPPlanError, dp_plan_for
 
     raw = {"epsilon": epsilon, "delta": delta, "dataset_size": dataset_size, "epochs": epochs,
@@ -69,7 +71,7 @@ def dp_plan(
     try:
         plan = dp_plan_for(cfg)
     except DPPlanError as e:
-        _fail(e.problems)
+        _fail([str(p) for p in e.problems])
     if as_json:
         typer.echo(json.dumps(plan.model_dump(mode="json"), indent=2))
         return
@@ -100,4 +102,4 @@ def _print_plan(plan) -> None:
     con.print(f"LR when moving from a tuned batch B to B′: η′ = η·√(B′/B); to B′={plan.batch_size}: "
               f"η·{plan.batch_size ** 0.5:.3g}/√B")
     for n in plan.notes:
-        con.print(f"[dim]- {n}[/]")
+        con.print(f"- {n}", style="dim", markup=False)

@@ -10,15 +10,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from hptransfer.dp import rule
 from hptransfer.dp.accounting import NoiseRow, epsilon_spent, noise_table
-from hptransfer.dp.config import DPConfig
+from hptransfer.errors import DPError
+from hptransfer.privacy import DPConfig
 
 
-class DPPlanError(ValueError):
+class DPPlanError(DPError):
     """A request no plan can satisfy; `problems` lists every reason, each with its fix."""
 
     def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("infeasible DP plan:\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__("infeasible DP plan", problems)
 
 
 class DPPlan(BaseModel):

@@ -2,7 +2,7 @@
 the learning-rate scaling. No Opacus, Ray or MLflow here; the σ√T table comes from `accounting`.
 
 Reference: Rehn, Zhao, Heikkilä, Honkela, "On Optimal Hyperparameters for Differentially Private
-Deep Transfer Learning", arXiv 2510.20616 (paper 1 in RESEARCH.md).
+Deep Transfer Learning", arXiv 2510.20616 (paper 1 in docs/RESEARCH.md).
 """
 
 from __future__ import annotations
@@ -75,12 +75,3 @@ def lr_scale(from_batch: int, to_batch: int) -> float:
     the starting point when B changes; it keeps the update's noise scale η/√B fixed. A start for
     joint tuning, not a guarantee."""
     return math.sqrt(to_batch / from_batch)
-
-
-def class_clip_weights(grad_norms: Sequence[float], labels: Sequence[int], clip: float) -> dict[int, float]:
-    """Diagnostic w_y(C) = mean over examples of class y of min(1, C/‖g_i‖): how much clipping
-    down-weights each class (paper 1). Values near 1: the class is barely clipped."""
-    acc: dict[int, list[float]] = {}
-    for n, y in zip(grad_norms, labels):
-        acc.setdefault(int(y), []).append(1.0 if n <= clip else clip / n)
-    return {y: sum(v) / len(v) for y, v in sorted(acc.items())}

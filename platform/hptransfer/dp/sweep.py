@@ -4,22 +4,31 @@ digits transfer task (pre-train on the public classes, DP-fine-tune on the priva
 For each ε the candidate B are the feasible ones of that ε's σ√T table (T ≥ min_steps) and the C
 grid is that ε's plan grid (extended upward as ε falls), so the sweep tests exactly the choices
 `hpt dp-plan` reasons about. The backbone is pre-trained once in the driver and shared with the
-trials through Ray's object store. Results: `dp_sweep_results.csv` (one row per trial),
-`dp_sweep.png`, an MLflow parent run with one child per trial.
+trials through Ray's object store. It runs on the same machinery as the main sweep
+(`sweep.runner.run_sweep_task`: resume, resource check, progress) and logs through the same
+parent/child logger. Results: the study's dp-sweep table (one row per trial), its plot, an MLflow
+parent run with one child per trial.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from hptransfer.io import save_figure, write_atomic
+from hptransfer.errors import DPError
+from hptransfer.io import save_figure
 from hptransfer.spec import StudySpec
-from hptransfer.tracking import TAG_KIND, TAG_STUDY, MlflowTracker
+from hptransfer.study import DP_SWEEP_EXPERIMENT
+from hptransfer.tracking import log_sweep_runs
 
-RESULTS = "dp_sweep_results.csv"
+if TYPE_CHECKING:
+    from hptransfer.study import Study
+
 POINT_KEYS = ("epsilon", "batch_size", "clip", "sigma", "steps", "chosen_b")
 
 
@@ -54,9 +63,6 @@ def _trainable(config: dict, task=None, body=None) -> None:
 
 
 def plot_dp_sweep(df: pd.DataFrame, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     eps = sorted(df.epsilon.unique())
@@ -78,63 +84,56 @@ def plot_dp_sweep(df: pd.DataFrame, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def run_dp_sweep(spec: StudySpec, study_dir: str | Path, *, epsilons: list[float] | None = None,
-                 lrs: list[float] | None = None, seeds: list[int] | None = None, tracking_uri: str | None = None,
-                 address: str | None = None, pretrain_width: int = 64, log=print) -> pd.DataFrame:
+def run_dp_sweep(study: Study, *, epsilons: list[float] | None = None, lrs: list[float] | None = None,
+                 seeds: list[int] | None = None, pretrain_width: int = 64, restart: bool = False,
+                 log=print) -> pd.DataFrame:
     from ray import tune
 
     from hptransfer.dp.task import load_task, pretrain
-    from hptransfer.sweep.ray_session import ray_session
-    from hptransfer.tracking import resolve_tracking_uri
+    from hptransfer.sweep.runner import SweepTask, run_sweep_task
 
+    spec = study.require_spec()
     if spec.dp is None:
-        raise ValueError(f"spec {spec.name!r} has no `dp:` block; add one (see search_spaces/dp-finetune.yaml)")
-    study_dir = Path(study_dir).resolve()
-    task = load_task()
+        raise DPError(f"spec {spec.name!r} has no `dp:` block; add one (see search_spaces/dp-finetune.yaml)")
+    task_data = load_task()
     epsilons = epsilons or [spec.dp.epsilon]
     lrs = lrs or [spec.dp.lr or 3e-3]
     seeds = seeds or list(spec.sweep.seeds)
-    points = sweep_points(spec, epsilons, task.private_size)
+    points = sweep_points(spec, epsilons, task_data.private_size)
     log(f"dp-sweep: {len(points) * len(lrs) * len(seeds)} trials over ε {epsilons}, "
         f"B {sorted({p['batch_size'] for p in points})}, {len(lrs)} LR(s), {len(seeds)} seed(s)")
-    body = pretrain(task, width=pretrain_width, seed=spec.seed)
-    with ray_session(spec.ray, address):
-        tuner = tune.Tuner(
-            tune.with_resources(tune.with_parameters(_trainable, task=task, body=body), {"cpu": 1}),
-            param_space={"point": tune.grid_search(points), "lr": tune.grid_search(lrs),
-                         "seed": tune.grid_search(seeds), "delta": spec.dp.delta, "epochs": spec.dp.epochs,
-                         "accountant": spec.dp.accountant},
-            tune_config=tune.TuneConfig(metric="test_accuracy", mode="max"),
-            run_config=tune.RunConfig(name="dp_sweep", storage_path=str(study_dir / "ray_results"), verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=0)),
-        )
-        grid = tuner.fit()
-    rows = []
-    for r in grid:
-        c, m = r.config, r.metrics or {}
-        rows.append({**{k: c["point"][k] for k in POINT_KEYS}, "lr": c["lr"], "seed": c["seed"],
-                     "test_accuracy": m.get("test_accuracy", math.nan), "epsilon_spent": m.get("epsilon_spent", math.nan),
-                     "status": "failed" if r.error else m.get("status", "failed")})
-    df = pd.DataFrame(rows).sort_values(["epsilon", "batch_size", "clip", "lr", "seed"]).reset_index(drop=True)
-    write_atomic(study_dir / RESULTS, df.to_csv(index=False))
-    plot = plot_dp_sweep(df, study_dir / "dp_sweep.png")
+    body = pretrain(task_data, width=pretrain_width, seed=spec.seed)
 
-    uri = resolve_tracking_uri(study_dir, spec.tracking.uri, tracking_uri)
-    exp = spec.tracking.experiment or spec.name
-    parent = MlflowTracker(uri, exp, run_name=f"{spec.name}-dp-sweep", tags={TAG_KIND: "dp-sweep", TAG_STUDY: study_dir})
-    parent.log_params({"epsilons": epsilons, "lrs": lrs, "seeds": seeds, "delta": spec.dp.delta,
-                       "epochs": spec.dp.epochs, "accountant": spec.dp.accountant})
-    for row in df.to_dict(orient="records"):
-        child = MlflowTracker(uri, exp, run_name=f"eps{row['epsilon']:g}-B{row['batch_size']}-C{row['clip']:.3g}-lr{row['lr']:.3g}",
-                              parent_run_id=parent.run_id, tags={TAG_KIND: "dp-trial", "status": row["status"]})
-        child.log_params({k: row[k] for k in ("epsilon", "batch_size", "clip", "lr", "seed", "sigma", "steps")})
-        child.log_metrics({"test_accuracy": row["test_accuracy"], "epsilon_spent": row["epsilon_spent"]})
-        child.end("FINISHED" if row["status"] == "ok" else "FAILED")
+    def row(r) -> dict:
+        c, m = r.config, r.metrics or {}
+        return {**{k: c["point"][k] for k in POINT_KEYS}, "lr": c["lr"], "seed": c["seed"],
+                "test_accuracy": m.get("test_accuracy", math.nan), "epsilon_spent": m.get("epsilon_spent", math.nan),
+                "status": "failed" if r.error else m.get("status", "failed"), "trial_id": Path(r.path).name}
+
+    fingerprint = hashlib.sha256(json.dumps([study.spec_hash, points, lrs, seeds], sort_keys=True,
+                                            default=str).encode()).hexdigest()[:16]
+    task = SweepTask(
+        experiment=DP_SWEEP_EXPERIMENT,
+        trainable=tune.with_parameters(_trainable, task=task_data, body=body),
+        axes={"point": points, "lr": lrs, "seed": seeds}, resources={"cpu": 1},
+        constants={"delta": spec.dp.delta, "epochs": spec.dp.epochs, "accountant": spec.dp.accountant},
+        metric="test_accuracy", mode="max", row=row, results_path=study.paths.dp_sweep_results,
+        fingerprint=fingerprint, sort_by=["epsilon", "batch_size", "clip", "lr", "seed"], reuse_actors=False,
+        describe=lambda c: f"ε={c['point']['epsilon']:g} B={c['point']['batch_size']} C={c['point']['clip']:.3g} "
+                           f"lr={c['lr']:.3g} seed={c['seed']}")
+    df, _ = run_sweep_task(study, task, restart=restart, log=log)
+    plot = plot_dp_sweep(df, study.paths.dp_sweep_png)
+    best = {}
     for e, g in df[df.status == "ok"].groupby("epsilon"):
-        best = g.loc[g.test_accuracy.idxmax()]
-        parent.log_metrics({f"best_accuracy_eps{e:g}": best.test_accuracy, f"best_clip_eps{e:g}": best["clip"],
-                            f"best_batch_eps{e:g}": best.batch_size})
-    parent.log_artifact(study_dir / RESULTS)
-    parent.log_artifact(plot)
-    parent.end()
+        b = g.loc[g.test_accuracy.idxmax()]
+        best.update({f"best_accuracy_eps{e:g}": b.test_accuracy, f"best_clip_eps{e:g}": b["clip"],
+                     f"best_batch_eps{e:g}": b.batch_size})
+    log_sweep_runs(
+        study, df, kind="dp-sweep", child_kind="dp-trial", run_name=f"{spec.name}-dp-sweep",
+        parent_params={"epsilons": epsilons, "lrs": lrs, "seeds": seeds, "delta": spec.dp.delta,
+                       "epochs": spec.dp.epochs, "accountant": spec.dp.accountant},
+        child_name=lambda r: f"eps{r['epsilon']:g}-B{r['batch_size']}-C{r['clip']:.3g}-lr{r['lr']:.3g}-s{r['seed']}",
+        child_params=lambda r: {k: r[k] for k in ("epsilon", "batch_size", "clip", "lr", "seed", "sigma", "steps")},
+        child_metrics=lambda r: {"test_accuracy": r["test_accuracy"], "epsilon_spent": r["epsilon_spent"]},
+        parent_metrics=best, artifacts=[study.paths.dp_sweep_results, plot])
     return df

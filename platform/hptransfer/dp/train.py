@@ -6,7 +6,7 @@ What makes the run private, and where each piece comes from:
 - Poisson sampling at exactly q = B/N: Opacus' `DPDataLoader(dataset, sample_rate=q)`. We build it
   ourselves because `make_private` derives q = 1/len(loader) = 1/ceil(N/B), which is not B/N; the
   accountant hook and the optimizer's expected batch are re-attached with the true q and B;
-- normalized clipping (paper 1, RESEARCH.md): g_i ← g_i·min(1/C, 1/‖g_i‖), update
+- normalized clipping (paper 1, arXiv 2510.20616; docs/RESEARCH.md): g_i ← g_i·min(1/C, 1/‖g_i‖), update
   (Σ g_i + N(0, σ²I))/B. Opacus 1.6 has no `normalize_clipping` switch, so we divide Opacus'
   flat-clipped, noised mean by C in the optimizer's step hook: (Σ clip_C(g_i) + N(0, σ²C²))/(B·C)
   is exactly the normalized form, which decouples the learning rate from C;

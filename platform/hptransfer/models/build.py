@@ -19,9 +19,20 @@ import torch
 from torch import nn
 
 from hptransfer.data.stdlib_corpus import VOCAB_SIZE
+from hptransfer.hyperparameters import Hyperparameters
 from hptransfer.spec import ModelSpec
 
-DEFAULT_INIT_STD = 0.02
+
+class ScaledReadout(nn.Linear):
+    """SP's readout with the tunable `output_mult` on its input (µP's MuReadout does the same and
+    also divides by width_mult). A plain Linear when output_mult = 1."""
+
+    def __init__(self, in_features: int, out_features: int, output_mult: float = 1.0):
+        super().__init__(in_features, out_features, bias=False)
+        self.output_mult = output_mult
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x * self.output_mult)
 
 
 class ByteMLP(nn.Module):
@@ -66,12 +77,13 @@ def _llama(spec: ModelSpec, width: int, readout: nn.Module | None):
     return model
 
 
-def _raw(spec: ModelSpec, width: int, mup: bool):
-    readout = None
+def _raw(spec: ModelSpec, width: int, mup: bool, output_mult: float = 1.0):
     if mup:
         from mup import MuReadout
 
-        readout = MuReadout(width, VOCAB_SIZE, bias=False, readout_zero_init=True, output_mult=spec.output_mult)
+        readout = MuReadout(width, VOCAB_SIZE, bias=False, readout_zero_init=True, output_mult=output_mult)
+    else:
+        readout = ScaledReadout(width, VOCAB_SIZE, output_mult)
     if spec.family == "llama":
         return _llama(spec, width, readout)
     return ByteMLP(width, spec.depth, readout=readout)
@@ -87,15 +99,18 @@ def _set_base_shapes(model: nn.Module, spec: ModelSpec, base_width: int, rescale
     set_base_shapes(model, base, delta=delta, rescale_params=rescale_params)
 
 
-def build_model(spec: ModelSpec, width: int, *, base_width: int, init_std: float = DEFAULT_INIT_STD, seed: int | None = None) -> nn.Module:
-    """The model at `width`; under µP its base shapes are set (every parameter has `.infshape`)."""
+def build_model(spec: ModelSpec, width: int, *, base_width: int, hps: Hyperparameters | None = None,
+                seed: int | None = None) -> nn.Module:
+    """The model at `width` with the hyperparameters applied at construction (`init_std`,
+    `output_mult`); under µP its base shapes are set (every parameter has `.infshape`)."""
+    hps = hps or Hyperparameters()
     if seed is not None:
         torch.manual_seed(seed)
     mup = spec.parametrization == "mup"
-    model = _raw(spec, width, mup)
+    model = _raw(spec, width, mup, hps.output_mult)
     if mup:
         _set_base_shapes(model, spec, base_width, rescale_params=True)
-    _init(model, init_std, base_width, mup)
+    _init(model, hps.init_std, base_width, mup)
     return model
 
 
@@ -127,26 +142,17 @@ def lm_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
+@torch.no_grad()
+def evaluate(model: nn.Module, batches) -> float:
+    """Mean cross-entropy over (input, target) batches, in eval mode."""
+    model.eval()
+    total = 0.0
+    for x, y in batches:
+        logits = lm_logits(model, x)
+        total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+    model.train()
+    return total / len(batches)
+
+
 def param_count(model: nn.Module, non_embedding: bool = False) -> int:
     return sum(p.numel() for n, p in model.named_parameters() if not (non_embedding and "embed" in n))
-
-
-def load_trained(spec: ModelSpec, width: int, base_width: int, path: str) -> nn.Module:
-    """A model saved by the large run (`save_pretrained`) back in memory, µP intact.
-
-    `save_pretrained` stores µP's MuReadout as a plain `lm_head` Linear and drops `infshape`;
-    from_pretrained would then apply no 1/width_mult on the readout. We swap the MuReadout back in
-    and set base shapes with rescale_params=False, so the saved weights are used as they are."""
-    if spec.family != "llama":
-        raise ValueError(f"load_trained reads Hugging Face checkpoints; model.family={spec.family!r} has none")
-    from transformers import LlamaForCausalLM
-
-    model = LlamaForCausalLM.from_pretrained(path)
-    if spec.parametrization == "mup":
-        from mup import MuReadout
-
-        readout = MuReadout(width, VOCAB_SIZE, bias=False, readout_zero_init=False, output_mult=spec.output_mult)
-        readout.weight.data.copy_(model.lm_head.weight.data)
-        model.lm_head = readout
-        _set_base_shapes(model, spec, base_width, rescale_params=False)
-    return model.eval()

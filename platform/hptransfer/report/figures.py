@@ -15,8 +15,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hptransfer.plan import TransferPlan
 from hptransfer.spec import LOG_SCALE, StudySpec
-from hptransfer.transfer.plan import TransferPlan
+
+
+def _tex(x: object) -> str:
+    """A value from a spec, plan or table as literal text in a label: matplotlib reads `$...$` as
+    math (mathtext), and an unknown command there fails the whole figure."""
+    return str(x).replace("$", r"\$")
 
 
 def plot_transfer(df: pd.DataFrame, spec: StudySpec, plan: TransferPlan | None, target_loss: float | None,
@@ -28,13 +34,14 @@ def plot_transfer(df: pd.DataFrame, spec: StudySpec, plan: TransferPlan | None, 
     if plan is not None and hp in plan.hyperparameters:
         x = plan.hyperparameters[hp]
         if target_loss is not None and math.isfinite(target_loss):
-            marks[f"target width {plan.target.width} at transferred {hp}={x:.3g}: val loss {target_loss:.3f}"] = (x, target_loss)
+            marks[f"target width {plan.target.width} at transferred {_tex(hp)}={x:.3g}: val loss {target_loss:.3f}"] = (
+                x, target_loss)
         else:
             # Not trained yet: draw the point at the widest width's fitted loss, and say so.
             per = plan.diagnostics.get("optimum_by_width", {}).get(str(plan.diagnostics.get("source_width")), {})
             y = (per.get(hp) or {}).get("fitted_loss")
             if y is not None:
-                marks[f"transferred {hp}={x:.3g} (target not trained yet)"] = (x, y)
+                marks[f"transferred {_tex(hp)}={x:.3g} (target not trained yet)"] = (x, y)
     return plot_sweep(df, spec, path, hp=hp, marks=marks)
 
 
@@ -70,7 +77,7 @@ def plot_optimum(plan: TransferPlan, path: str | Path) -> Path | None:
     lo = np.array([(f.get("ci") or [v, v])[0] for (_, f), v in zip(pts, vals)], float)
     hi = np.array([(f.get("ci") or [v, v])[1] for (_, f), v in zip(pts, vals)], float)
     ax.errorbar(widths, vals, yerr=[vals - lo, hi - vals], fmt="o", color="k", capsize=4,
-                label=f"{hp}* per swept width (fit; bars: bootstrap CI when seeds allow)")
+                label=f"{_tex(hp)}* per swept width (fit; bars: bootstrap CI when seeds allow)")
     edge = [w for w, f in pts if f.get("on_edge")]
     if edge:
         ax.plot(edge, [f["value"] for w, f in pts if w in edge], "s", mfc="none", mec="orange", ms=12, mew=2,
@@ -88,14 +95,14 @@ def plot_optimum(plan: TransferPlan, path: str | Path) -> Path | None:
                 label=f"drift law x∞ + K·n^-β (β={d['drift_fit']['beta']:.2g})")
     if hp in plan.hyperparameters:
         ax.plot([plan.target.width], [plan.hyperparameters[hp]], "D", ms=10, color="crimson",
-                label=f"plan ({plan.rule}) at target width {plan.target.width}")
+                label=f"plan ({_tex(plan.rule)}) at target width {plan.target.width}")
     ax.axvline(plan.target.width, color="crimson", alpha=0.25)
     ax.set_xscale("log", base=2)
     if log:
         ax.set_yscale("log")
     ax.set_xlabel("width")
-    ax.set_ylabel(f"optimal {hp}" + (" (base-width value)" if plan.model.parametrization == "mup" else ""))
-    ax.set_title(f"{plan.study}: optimum against width")
+    ax.set_ylabel(f"optimal {_tex(hp)}" + (" (base-width value)" if plan.model.parametrization == "mup" else ""))
+    ax.set_title(f"{_tex(plan.study)}: optimum against width")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return save_figure(fig, path)

@@ -16,11 +16,14 @@ import datetime as dt
 import json
 import math
 import shutil
+from collections.abc import Callable
 from html import escape
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-REPORT_DIR, INDEX = "report", "index.html"
+from hptransfer.study import StudyPaths
+
+_NAMES = StudyPaths(Path("."))  # file names for the "run this to produce it" notes
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -43,9 +46,14 @@ def _g(x: Any, fmt: str = ".4g") -> str:
     return escape(str(x))
 
 
+def _e(x: Any) -> str:
+    """Any value from a spec, plan, table or JSON file as HTML text: str() then escaped."""
+    return escape(str(x))
+
+
 def _table(header: list[str], rows: list[list[str]], classes: list[str] | None = None, left: int = 1) -> str:
     """Cells are already-escaped HTML; the first `left` columns are left-aligned."""
-    th = "".join(f'<th class="{"l" if i < left else ""}">{escape(h)}</th>' for i, h in enumerate(header))
+    th = "".join(f'<th class="{"l" if i < left else ""}">{_e(h)}</th>' for i, h in enumerate(header))
     body = []
     for j, r in enumerate(rows):
         cls = f' class="{classes[j]}"' if classes and classes[j] else ""
@@ -70,17 +78,17 @@ def _read_json(path: Path) -> dict | None:
 
 def _summary(spec, plan, final: dict | None) -> str:
     rows = [["family / parametrization", f"{_g(spec.model.family)} / {_g(spec.model.parametrization)}"],
-            ["depth, head_dim, seq_len", f"{spec.model.depth}, {spec.model.head_dim}, {spec.model.seq_len}"],
+            ["depth, head_dim, seq_len", _e(f"{spec.model.depth}, {spec.model.head_dim}, {spec.model.seq_len}")],
             ["width ladder", _g(spec.sweep.widths)],
             ["grid", escape("; ".join(f"{k}: " + ", ".join(f"{v:.3g}" for v in vals) for k, vals in spec.sweep.grid.items()))],
             ["fixed", _g(json.dumps(spec.sweep.fixed))],
-            ["sweep steps × batch, seeds", f"{spec.sweep.steps} × {spec.sweep.batch_size}, {_g(spec.sweep.seeds)}"],
+            ["sweep steps × batch, seeds", _e(f"{spec.sweep.steps} × {spec.sweep.batch_size}, {spec.sweep.seeds}")],
             ["transfer rule", f"<code>{_g(spec.transfer.rule)}</code>"],
-            ["target width (× widest swept)", f"{spec.target.width} ({spec.target.width / spec.sweep.widths[-1]:.3g}×)"]]
+            ["target width (× widest swept)", _e(f"{spec.target.width} ({spec.target.width / spec.sweep.widths[-1]:.3g}×)")]]
     out = "<h2>Study</h2>" + _table(["", ""], rows, left=2)
     if plan is None:
-        return out + _missing("transfer_plan.yaml", "hpt transfer --study-dir STUDY_DIR")
-    hp_rows = [[escape(k), _g(v)] for k, v in plan.hyperparameters.items()]
+        return out + _missing(_NAMES.plan.name, "hpt transfer --study-dir STUDY_DIR")
+    hp_rows = [[_e(k), _g(v)] for k, v in plan.hyperparameters.items()]
     out += "<h2>Transferred hyperparameters</h2>" + _table(["hyperparameter", "target value"], hp_rows)
     if plan.param_group_multipliers and plan.model.parametrization == "mup":
         out += ('<p class="muted">µP: values are base-width values; per-group factors '
@@ -94,7 +102,7 @@ def _summary(spec, plan, final: dict | None) -> str:
                 ["wall time (s)", _g(final.get("wall_s"), ".0f")]]
     out += "<h2>Target run</h2>" + _table(["", ""], res, left=1)
     if not final:
-        out += _missing("train/train_metrics.json", "hpt train STUDY_DIR/transfer_plan.yaml")
+        out += _missing(str(_NAMES.train.metrics), f"hpt train STUDY_DIR/{_NAMES.plan.name}")
     return out
 
 
@@ -102,9 +110,9 @@ def _warnings(plan) -> str:
     if plan is None:
         return ""
     warns, notes = plan.diagnostics.get("warnings", []), plan.diagnostics.get("notes", [])
-    box = ('<div class="warn"><b>Warnings</b><ul>' + "".join(f"<li>{escape(w)}</li>" for w in warns) + "</ul></div>"
+    box = ('<div class="warn"><b>Warnings</b><ul>' + "".join(f"<li>{_e(w)}</li>" for w in warns) + "</ul></div>"
            if warns else '<div class="ok">No warnings: optima interior and convex, no drift flagged.</div>')
-    return "<h2>Warnings</h2>" + box + ("<ul>" + "".join(f"<li class=muted>{escape(n)}</li>" for n in notes) + "</ul>" if notes else "")
+    return "<h2>Warnings</h2>" + box + ("<ul>" + "".join(f"<li class=muted>{_e(n)}</li>" for n in notes) + "</ul>" if notes else "")
 
 
 def _diagnostics(plan) -> str:
@@ -112,6 +120,7 @@ def _diagnostics(plan) -> str:
         return ""
     d = plan.diagnostics
     hp = d.get("primary")
+    hp_html = _e(hp)  # from the plan file: escaped wherever it goes into a cell
     rows = []
     for w, per in d.get("optimum_by_width", {}).items():
         f = per.get(hp, {})
@@ -128,31 +137,31 @@ def _diagnostics(plan) -> str:
     fast = d.get("fast_transfer")
     kv = [["fast transfer (paper 2: β > α/2)", "undecided" if fast is None else _g(fast)],
           ["test", _g(d.get("fast_transfer_test") or d.get("fast_transfer_undecided"))],
-          [f"trend d log {hp}*/d log n", f"{_g(trend.get('slope'))} ± {_g(trend.get('slope_se'))}"],
+          [f"trend d log {hp_html}*/d log n", f"{_g(trend.get('slope'))} ± {_g(trend.get('slope_se'))}"],
           ["drift law log ν* = x∞ + K·n^−β", f"{_g(drift.get('drift'))}; B={_g(drift.get('B'))}, β={_g(drift.get('beta'))}, "
                                            f"ν*(∞)={_g(drift.get('value_at_infinity'))}"],
           ["loss law φ* = φ∞ + A·n^−α", f"φ∞={_g(lf.get('phi_inf'))}, A={_g(lf.get('A'))}, α={_g(lf.get('alpha'))}" if lf else "—"],
           ["curvature κ at the widest width", _g(d.get("curvature"))],
-          [f"trend {hp}* at the target width", _g(d.get("trend_value_at_target"))],
+          [f"trend {hp_html}* at the target width", _g(d.get("trend_value_at_target"))],
           ["predicted penalty of the plan (loss)", _g(d.get("predicted_penalty"))],
           ["source width", _g(d.get("source_width"))]]
     return "<h3>Transfer diagnostics</h3>" + _table(["", ""], kv, left=1) + out
 
 
-def _coord(study: Path, out_dir: Path) -> str:
-    data = _read_json(study / "coord_check.json")
-    png = study / "coord_check.png"
+def _coord(paths: StudyPaths) -> str:
+    data = _read_json(paths.coord_check_json)
+    png = paths.coord_check_png
     html = "<h2>Coordinate check</h2>"
     if png.is_file():
-        shutil.copyfile(png, out_dir / "coord_check.png")
-        html += _img("coord_check.png", "coordinate check: activation size against width")
+        shutil.copyfile(png, paths.report_dir / png.name)
+        html += _img(png.name, "coordinate check: activation size against width")
     if data is None:
-        return html + _missing("coord_check.json", "hpt coord-check SPEC")
+        return html + _missing(paths.coord_check_json.name, "hpt coord-check SPEC")
     verdict = "ok" if data.get("passed") else "warn"
     html += (f'<div class="{verdict}">{"passed" if data.get("passed") else "FAILED"}: the steepest growth of '
              f"log|activation| with log width is {_g(data.get('worst_slope'), '.3f')} "
-             f"({escape(str(data.get('worst_module')))}), allowed {_g(data.get('max_slope_allowed'))}; widths "
-             f"{escape(str(data.get('widths')))}, {data.get('steps')} Adam steps.</div>")
+             f"({_e(data.get('worst_module'))}), allowed {_g(data.get('max_slope_allowed'))}; widths "
+             f"{_e(data.get('widths'))}, {_e(data.get('steps'))} Adam steps.</div>")
     return html
 
 
@@ -162,7 +171,7 @@ def _dp(spec) -> str:
     from hptransfer.dp.plan import DPPlanError, dp_plan_for
 
     c = spec.dp
-    head = f"<h2>DP noise (ε={c.epsilon:g}, δ={c.delta:g}, E={c.epochs:g}, accountant {c.accountant})</h2>"
+    head = f"<h2>DP noise (ε={c.epsilon:g}, δ={c.delta:g}, E={c.epochs:g}, accountant {_e(c.accountant)})</h2>"
     if c.dataset_size is None:
         return head + '<p class="muted">dp.dataset_size is not set (it is derived from the task when the plan is made); run <code>hpt dp-plan</code>.</p>'
     try:
@@ -189,18 +198,19 @@ def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Ca
     import pandas as pd
 
     from hptransfer.io import write_atomic
+    from hptransfer.plan import load_plan
     from hptransfer.report.figures import plot_optimum, plot_transfer
     from hptransfer.spec import load_spec
-    from hptransfer.transfer.plan import load_plan
 
     study = Path(study_dir).resolve()
-    spec = load_spec(study / "spec.yaml")  # a clear SpecError when the folder is not a study
-    out = study / REPORT_DIR
+    paths = StudyPaths(study)
+    spec = load_spec(paths.spec)  # a clear SpecError when the folder is not a study
+    out = paths.report_dir
     out.mkdir(parents=True, exist_ok=True)
-    plan = load_plan(study / "transfer_plan.yaml") if (study / "transfer_plan.yaml").is_file() else None
-    metrics = _read_json(study / "train" / "train_metrics.json")
+    plan = load_plan(paths.plan) if paths.plan.is_file() else None
+    metrics = _read_json(paths.train.metrics)
     final = (metrics or {}).get("final")
-    results = study / "sweep_results.csv"
+    results = paths.sweep_results
 
     parts = [f"<h1>hptransfer report — {escape(spec.name)}</h1>",
              f'<p class="muted">{escape(str(study))} · generated {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}</p>',
@@ -208,37 +218,35 @@ def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Ca
     if results.is_file():
         df = pd.read_csv(results)
         target_loss = final.get("val_loss") if final else None
-        plot_transfer(df, spec, plan, target_loss, out / "transfer.png")
-        parts.append(_img("transfer.png", "validation loss against learning rate per width, with the transferred point"))
+        plot_transfer(df, spec, plan, target_loss, paths.report_transfer_png)
+        parts.append(_img(paths.report_transfer_png.name, "validation loss against learning rate per width, with the transferred point"))
         parts.append('<p class="muted">★ best grid point per width; ◆ the transferred value'
                      + (" at the target run's validation loss" if target_loss is not None else "") + ".</p>")
     else:
-        parts.append(_missing("sweep_results.csv", "hpt sweep SPEC"))
+        parts.append(_missing(paths.sweep_results.name, "hpt sweep SPEC"))
     parts.append("<h2>Optimum against width</h2>")
-    if plan is not None and plot_optimum(plan, out / "optimum_vs_width.png") is not None:
-        parts.append(_img("optimum_vs_width.png", "optimal learning rate against width with its fits"))
-    parts.append(_diagnostics(plan) or _missing("transfer_plan.yaml", "hpt transfer --study-dir STUDY_DIR"))
-    parts.append(_coord(study, out))
+    if plan is not None and plot_optimum(plan, paths.report_optimum_png) is not None:
+        parts.append(_img(paths.report_optimum_png.name, "optimal learning rate against width with its fits"))
+    parts.append(_diagnostics(plan) or _missing(paths.plan.name, "hpt transfer --study-dir STUDY_DIR"))
+    parts.append(_coord(paths))
     parts.append(_dp(spec))
     page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>hpt report: {escape(spec.name)}</title>'
             f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")
-    index = write_atomic(out / INDEX, page)
+    index = write_atomic(paths.report_html, page)
     if tracking_uri:
         _log_to_mlflow(spec, study, out, tracking_uri, log)
     return index
 
 
 def _log_to_mlflow(spec, study: Path, out: Path, tracking_uri: str, log: Callable[[str], None]) -> str | None:
-    from mlflow import MlflowClient
+    from hptransfer.study import Study
+    from hptransfer.tracking import _find_parent
 
-    from hptransfer.sweep.record import _find_parent
-
-    client = MlflowClient(tracking_uri)
-    exp = spec.tracking.experiment or spec.name
-    run_id = _find_parent(client, exp, str(study))
+    st = Study.from_spec(spec, study, tracking_uri=tracking_uri)
+    run_id = _find_parent(st, "sweep")
     if run_id is None:
-        log(f"report not logged to MLflow: no sweep run tagged hpt.study_dir={study} in experiment {exp!r} "
+        log(f"report not logged to MLflow: no sweep run tagged hpt.study_dir={study} in experiment {st.experiment!r} "
             f"at {tracking_uri} (run `hpt sweep` with this tracking URI first)")
         return None
-    client.log_artifacts(run_id, str(out), artifact_path=REPORT_DIR)
+    st.tracker(run_id=run_id).log_artifact(out, out.name)
     return run_id

@@ -1,92 +1,109 @@
-"""`hpt sweep`: widths × hyperparameter grid × seeds as Ray Tune trials; a tidy results table.
+"""Sweeps on Ray Tune: one machinery for every kind of trial (the µTransfer sweep, the DP sweep).
 
-The table `sweep_results.csv` has one row per trial: `width`, one column per tuned hyperparameter
-(named as in the spec), `seed`, `val_loss`, `status` (ok | diverged | failed), then `train_loss`,
-`steps_done`, `wall_s`, `trial_id`. Re-running the same command resumes an interrupted sweep from
-Tune's experiment state (finished trials are not run again); `restart=True` starts over.
+A `SweepTask` says what varies (Tune grid axes), which trainable runs a point, and how a finished
+trial becomes a row of the results table. `run_sweep_task` runs it with what every sweep gets:
+a resource check before any trial starts, progress lines that count trials kept from an
+interrupted run, resume from Tune's experiment state (finished trials are not run again;
+`restart=True` starts over), a failed trial recorded as `failed` without sinking the sweep, and
+an atomically written table.
+
+The main sweep's table `sweep_results.csv` has one row per trial: `width`, one column per tuned
+hyperparameter (named as in the spec), `seed`, `val_loss`, `status` (ok | diverged | failed |
+stopped), then `train_loss`, `steps_done`, `wall_s`, `train_s`, `trial_id`, `error`.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import pandas as pd
 
-from hptransfer.io import write_atomic, write_yaml
-from hptransfer.spec import StudySpec, spec_hash
+from hptransfer.errors import SweepError
+from hptransfer.io import write_atomic
+from hptransfer.spec import StudySpec
+from hptransfer.study import SWEEP_EXPERIMENT
 
-RESULTS = "sweep_results.csv"
-EXPERIMENT = "sweep"
-
-
-class SweepError(RuntimeError):
-    pass
+if TYPE_CHECKING:
+    from hptransfer.study import Study
 
 
-def _param_space(spec: StudySpec, done_dir: Path) -> dict:
-    from ray import tune
+@dataclass
+class SweepTask:
+    experiment: str  # Tune experiment name: its folder under the study's ray_results/
+    trainable: Callable  # a Tune function trainable (parameters bound with tune.with_parameters)
+    axes: dict[str, list]  # grid axes; the trial set is their product
+    resources: dict[str, float]  # per trial, e.g. {"cpu": 1, "gpu": 0}
+    metric: str
+    mode: str  # "min" | "max"
+    row: Callable[[Any], dict]  # a Tune Result → one row of the results table
+    results_path: Path
+    fingerprint: str  # what the sweep is of; a resume with another fingerprint is refused
+    describe: Callable[[dict], str]  # a trial config → "width=32 lr=0.01 seed=0", for progress lines
+    sort_by: list[str] = field(default_factory=list)
+    status: Callable[[dict, dict], str] = lambda config, result: result.get("status", "ok")
+    constants: dict[str, Any] = field(default_factory=dict)  # config entries that do not vary
+    scheduler: Any = None
+    reuse_actors: bool = True
+    time_budget_s: float | None = None
+    restart_also: tuple[Path, ...] = ()  # more state a restart moves aside (e.g. finished-trial markers)
 
-    space = {"spec": spec.model_dump(mode="json"), "done_dir": str(done_dir),
-             "width": tune.grid_search(list(spec.sweep.widths)),
-             "seed": tune.grid_search(list(spec.sweep.seeds))}
-    space.update({hp: tune.grid_search(list(vals)) for hp, vals in spec.sweep.grid.items()})
-    return space
+    @property
+    def total(self) -> int:
+        return math.prod(len(v) for v in self.axes.values())
 
 
-def check_resources(spec: StudySpec, cluster: dict) -> None:
+def check_resources(need: dict[str, float], cluster: dict, fields: dict[str, str]) -> None:
     """Refuse before any trial starts if one trial cannot fit on the cluster (Tune would wait forever)."""
-    problems = [f"sweep.{field}={need:g} exceeds the cluster's {cluster.get(key, 0):g} {key}s"
-                for field, key, need in (("cpus_per_trial", "CPU", spec.sweep.cpus_per_trial),
-                                         ("gpus_per_trial", "GPU", spec.sweep.gpus_per_trial))
-                if need > cluster.get(key, 0)]
-    if problems:
-        raise SweepError("; ".join(problems) + "; lower the request, add nodes, or pass --address of a larger cluster")
+    over = [f"{fields.get(k, k)}={v:g} exceeds the cluster's {cluster.get(k.upper(), 0):g} {k.upper()}s"
+            for k, v in need.items() if v > cluster.get(k.upper(), 0)]
+    if over:
+        raise SweepError("; ".join(over) + "; lower the request, add nodes, or pass --address of a larger cluster")
 
 
-def _scheduler(spec: StudySpec):
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-
-    if spec.sweep.scheduler == "asha":
-        return ASHAScheduler(time_attr="step", max_t=spec.sweep.steps,
-                             grace_period=max(1, int(spec.sweep.steps * spec.sweep.asha_grace_fraction)),
-                             reduction_factor=spec.sweep.asha_reduction_factor)
-    return FIFOScheduler()
-
-
-def _progress_callback(total: int):
+def _progress_callback(task: SweepTask):
     from ray.tune import Callback
 
+    total, describe, status_of = task.total, task.describe, task.status
+
     class Progress(Callback):
-        """One plain line per finished trial: readable in a TTY and in a CI log alike."""
+        """One plain line per finished trial (readable in a TTY and in a CI log alike); a resumed
+        sweep counts the trials it kept, so its ETA is about the trials still to run."""
 
         def __init__(self):
-            self.done, self.t0, self.best = 0, time.time(), {}
+            self.done, self.kept, self.t0, self.started = 0, 0, time.time(), False
 
-        def _line(self, trial, status, loss):
+        def on_step_begin(self, iteration, trials, **info):
+            if not self.started:
+                self.started = True
+                self.kept = self.done = sum(t.status == "TERMINATED" for t in trials)
+                if self.kept:
+                    from hptransfer.logs import progress
+
+                    progress(f"[sweep] {self.kept}/{total} trials kept from the interrupted run")
+
+        def _line(self, trial, status, value):
             self.done += 1
-            c = trial.config
-            w = c["width"]
-            if status.startswith("ok") and math.isfinite(loss):
-                self.best[w] = min(self.best.get(w, math.inf), loss)
-            hp = " ".join(f"{k}={c[k]:.3g}" for k in c["spec"]["sweep"]["grid"])
             elapsed = time.time() - self.t0
-            eta = elapsed / self.done * (total - self.done)
-            best = " ".join(f"{k}:{v:.3f}" for k, v in sorted(self.best.items()))
-            # print, not a passed-in logger: Tune pickles its callbacks with the experiment state.
-            print(f"[sweep {self.done}/{total}] width={w} {hp} seed={c['seed']} -> {status} "
-                f"val_loss={loss:.4f} | best by width {best} | {elapsed:.0f}s elapsed, ~{eta:.0f}s left", flush=True)
+            ran = max(1, self.done - self.kept)
+            eta = elapsed / ran * (total - self.done)
+            # a module function, not a passed-in logger: Tune pickles its callbacks with the experiment state.
+            from hptransfer.logs import progress
+
+            progress(f"[sweep {self.done}/{total}] {describe(trial.config)} -> {status} {task.metric}={value:.4f} | "
+                     f"{elapsed:.0f}s elapsed, ~{eta:.0f}s left")
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             r = trial.last_result or {}
-            status = r.get("status", "ok")
-            if status == "ok" and r.get("step", 0) < trial.config["spec"]["sweep"]["steps"]:
-                status = "stopped"
+            status = status_of(trial.config, r)
             if r.get("cached"):
                 status += " (finished before a restart: not run again)"
-            self._line(trial, status, float(r.get("val_loss", math.nan)))
+            self._line(trial, status, float(r.get(task.metric, math.nan)))
 
         def on_trial_error(self, iteration, trials, trial, **info):
             self._line(trial, "failed", math.nan)
@@ -94,53 +111,40 @@ def _progress_callback(total: int):
     return Progress()
 
 
-def results_table(result_grid, spec: StudySpec) -> pd.DataFrame:
-    rows = []
-    for r in result_grid:
-        c, m = r.config, r.metrics or {}
-        status = "failed" if r.error else m.get("status", "failed")
-        if status == "ok" and int(m.get("step", 0)) < spec.sweep.steps:
-            status = "stopped"  # ended early by the scheduler (ASHA): its loss is from fewer steps
-        rows.append({
-            "width": c["width"], **{hp: c[hp] for hp in spec.sweep.grid}, "seed": c["seed"],
-            "val_loss": float(m.get("val_loss", math.nan)) if status in ("ok", "stopped") else math.nan,
-            "status": status, "train_loss": float(m.get("train_loss", math.nan)),
-            "steps_done": int(m.get("step", 0)), "wall_s": float(m.get("wall_s", math.nan)),
-            "train_s": float(m.get("train_s", math.nan)), "trial_id": m.get("trial_id") or Path(r.path).name,
-            "error": (str(r.error).strip().splitlines() or [""])[-1][:300] if r.error else "",
-        })
-    df = pd.DataFrame(rows)
-    return df.sort_values(["width", *spec.sweep.grid, "seed"]).reset_index(drop=True)
+def _error_line(r) -> str:
+    """The exception's own message (type: message and its detail lines), not the traceback's frames."""
+    if not r.error:
+        return ""
+    lines = [ln.strip() for ln in str(r.error).strip().splitlines()
+             if ln.strip() and not ln.strip().startswith("For further information")]
+    starts = [i for i, ln in enumerate(lines) if re.match(r"^[\w.]+(Error|Exception|Exit)\b.*:", ln)]
+    i = starts[-1] if starts else len(lines) - 1
+    return " | ".join(lines[i:i + 4])[:300]
 
 
-def run_sweep(spec: StudySpec, study_dir: str | Path, *, address: str | None = None, restart: bool = False,
-              log=print) -> tuple[pd.DataFrame, object]:
-    """Run (or resume) the sweep; returns the results table and Tune's ResultGrid."""
+def run_sweep_task(study: Study, task: SweepTask, *, restart: bool = False, log=print) -> tuple[pd.DataFrame, Any]:
+    """Run (or resume) a sweep; returns its results table (also written to `task.results_path`) and
+    Tune's ResultGrid."""
     from ray import tune
 
-    from hptransfer.sweep.ray_session import ray_session
-    from hptransfer.sweep.trial import tune_trainable
-
-    study_dir = Path(study_dir).resolve()
-    storage = study_dir / "ray_results"
-    exp_dir = storage / EXPERIMENT
-    stamp = study_dir / ".sweep_spec_hash"
+    exp_dir = study.paths.experiment_dir(task.experiment)
+    stamp = study.paths.fingerprint(task.experiment)
     if restart:
-        for d in (exp_dir, study_dir / "trials_done"):
-            shutil.rmtree(d, ignore_errors=True)
-    total = len(spec.sweep.widths) * len(spec.sweep.seeds) * math.prod(len(v) for v in spec.sweep.grid.values())
-    trainable = tune.with_resources(tune_trainable, {"cpu": spec.sweep.cpus_per_trial, "gpu": spec.sweep.gpus_per_trial})
-    with ray_session(spec.ray, address):
+        aside = study.move_aside(exp_dir, stamp, task.results_path, *task.restart_also)
+        if aside:
+            log(f"restart: the previous sweep was moved to {aside}")
+    trainable = tune.with_resources(task.trainable, task.resources)
+    with study.ray_session():
         import ray
 
-        check_resources(spec, ray.cluster_resources())
+        check_resources(task.resources, ray.cluster_resources(), {"cpu": "cpus_per_trial", "gpu": "gpus_per_trial"})
         # Tune writes tuner.pkl before any trial and experiment_state-*.json once trials run; a
         # crash between the two leaves nothing worth resuming.
         resumable = exp_dir.exists() and tune.Tuner.can_restore(str(exp_dir)) and any(exp_dir.glob("experiment_state-*.json"))
         if exp_dir.exists() and not resumable:
             shutil.rmtree(exp_dir)
         if resumable:
-            if stamp.exists() and stamp.read_text().strip() != spec_hash(spec):
+            if stamp.exists() and stamp.read_text().strip() != task.fingerprint:
                 raise SweepError(f"{exp_dir} holds a sweep of a different spec; rerun with --restart "
                                  "to start over, or use another --study-dir")
             log(f"resuming the sweep in {exp_dir} (finished trials are kept; --restart starts over)")
@@ -150,23 +154,80 @@ def run_sweep(spec: StudySpec, study_dir: str | Path, *, address: str | None = N
                 raise SweepError(f"cannot resume the sweep in {exp_dir}: {type(e).__name__}: {e}; "
                                  "rerun with --restart to start over") from e
         else:
-            write_atomic(stamp, spec_hash(spec))
+            write_atomic(stamp, task.fingerprint)
             tuner = tune.Tuner(
                 trainable,
-                param_space=_param_space(spec, study_dir / "trials_done"),
+                param_space={**task.constants, **{k: tune.grid_search(list(v)) for k, v in task.axes.items()}},
                 # Reusing trial processes skips ~5 s of imports, corpus reading and first model build
                 # per trial (benchmarks/sweep_overhead.py: 24 trials 302 s → 133 s).
-                tune_config=tune.TuneConfig(metric="val_loss", mode="min", reuse_actors=True,
-                                            scheduler=_scheduler(spec)),
+                tune_config=tune.TuneConfig(metric=task.metric, mode=task.mode, reuse_actors=task.reuse_actors,
+                                            scheduler=task.scheduler, time_budget_s=task.time_budget_s),
                 run_config=tune.RunConfig(
-                    name=EXPERIMENT, storage_path=str(storage), verbose=0,
-                    callbacks=[_progress_callback(total)],
+                    name=task.experiment, storage_path=str(exp_dir.parent), verbose=0,
+                    callbacks=[_progress_callback(task)],
                     failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
                 ),
             )
-        log(f"sweep: {total} trials ({len(spec.sweep.widths)} widths × grid × {len(spec.sweep.seeds)} seeds)")
+        log(f"sweep: {task.total} trials (" + " × ".join(f"{len(v)} {k}" for k, v in task.axes.items()) + ")")
         grid = tuner.fit()
-    df = results_table(grid, spec)
-    write_atomic(study_dir / RESULTS, df.to_csv(index=False))
-    write_yaml(study_dir / "spec.yaml", spec.model_dump(mode="json"))
+    rows = [{**task.row(r), "error": _error_line(r)} for r in grid]
+    df = pd.DataFrame(rows)
+    if task.sort_by and len(df):
+        df = df.sort_values(task.sort_by).reset_index(drop=True)
+    write_atomic(task.results_path, df.to_csv(index=False))
     return df, grid
+
+
+# --- the µTransfer sweep: widths × grid × seeds --------------------------------------------------
+
+def _scheduler(spec: StudySpec):
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    if spec.sweep.scheduler == "asha":
+        return ASHAScheduler(time_attr="step", max_t=spec.sweep.steps,
+                             grace_period=max(1, int(spec.sweep.steps * spec.sweep.asha_grace_fraction)),
+                             reduction_factor=spec.sweep.asha_reduction_factor)
+    return None
+
+
+def lm_sweep_task(study: Study) -> SweepTask:
+    from ray import tune
+
+    from hptransfer.sweep.trial import tune_trainable
+
+    spec = study.require_spec()
+    grid, steps = list(spec.sweep.grid), spec.sweep.steps
+
+    def status(config: dict, m: dict, error: bool = False) -> str:
+        s = "failed" if error else m.get("status", "failed" if not m else "ok")
+        # ended early by the scheduler (ASHA): its loss is from fewer steps
+        return "stopped" if s == "ok" and int(m.get("step", 0)) < steps else s
+
+    def row(r) -> dict:
+        c, m = r.config, r.metrics or {}
+        s = status(c, m, bool(r.error))
+        return {"width": c["width"], **{hp: c[hp] for hp in grid}, "seed": c["seed"],
+                "val_loss": float(m.get("val_loss", math.nan)) if s in ("ok", "stopped") else math.nan,
+                "status": s, "train_loss": float(m.get("train_loss", math.nan)),
+                "steps_done": int(m.get("step", 0)), "wall_s": float(m.get("wall_s", math.nan)),
+                "train_s": float(m.get("train_s", math.nan)), "trial_id": m.get("trial_id") or Path(r.path).name,
+                "spec_hash": study.sweep_hash}
+
+    return SweepTask(
+        experiment=SWEEP_EXPERIMENT,
+        trainable=tune.with_parameters(tune_trainable, spec=spec,
+                                       done_dir=str(study.paths.trials_done)),
+        axes={"width": list(spec.sweep.widths), "seed": list(spec.sweep.seeds),
+              **{hp: list(v) for hp, v in spec.sweep.grid.items()}},
+        resources={"cpu": spec.sweep.cpus_per_trial, "gpu": spec.sweep.gpus_per_trial},
+        metric="val_loss", mode="min", row=row, results_path=study.paths.sweep_results,
+        fingerprint=study.sweep_hash or "", sort_by=["width", *grid, "seed"],
+        restart_also=(study.paths.trials_done,),
+        describe=lambda c: f"width={c['width']} " + " ".join(f"{k}={c[k]:.3g}" for k in grid) + f" seed={c['seed']}",
+        status=lambda c, m: status(c, m), scheduler=_scheduler(spec), time_budget_s=spec.sweep.wall_clock_budget_s,
+    )
+
+
+def run_sweep(study: Study, *, restart: bool = False, log=print) -> tuple[pd.DataFrame, Any]:
+    """The main sweep (widths × grid × seeds); `restart` also sets aside finished-trial markers."""
+    return run_sweep_task(study, lm_sweep_task(study), restart=restart, log=log)

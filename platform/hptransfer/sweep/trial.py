@@ -13,38 +13,30 @@ from typing import Callable
 
 import torch
 
-from hptransfer.spec import DEFAULT_HPS, StudySpec
+from hptransfer.hyperparameters import Hyperparameters
+from hptransfer.spec import StudySpec
 
 Reporter = Callable[[dict], None]
 
 
-@torch.no_grad()
-def evaluate(model, batches) -> float:
-    from hptransfer.models import lm_logits
-
-    model.eval()
-    total = 0.0
-    for x, y in batches:
-        logits = lm_logits(model, x)
-        total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
-    model.train()
-    return total / len(batches)
+def trial_hps(spec: StudySpec, point: dict) -> Hyperparameters:
+    """Defaults ← the sweep's fixed values ← this grid point's tuned values."""
+    return Hyperparameters.of(spec.sweep.fixed, {k: point[k] for k in spec.sweep.grid})
 
 
-def train_proxy(spec: StudySpec, width: int, hps: dict[str, float], seed: int, report: Reporter | None = None, n_reports: int = 4) -> dict:
+def train_proxy(spec: StudySpec, width: int, hps: Hyperparameters, seed: int, report: Reporter | None = None,
+                n_reports: int = 4) -> dict:
     """Train one proxy model; returns the final metrics. `report` gets `n_reports` evaluations."""
     from hptransfer.data import load_corpus
-    from hptransfer.models import build_model, build_optimizer, lm_logits, lr_schedule
+    from hptransfer.models import evaluate, lm_logits, training_setup
 
     t0 = time.perf_counter()
-    hps = {**DEFAULT_HPS, **hps}
     corpus = load_corpus(spec.data.val_fraction, spec.data.max_files)
     val = corpus.val_batches(spec.data.eval_batches, spec.sweep.batch_size, spec.model.seq_len)
-    model = build_model(spec.model, width, base_width=spec.base_width, seed=seed,
-                        **({"init_std": hps["init_std"]} if "init_std" in hps else {}))
-    opt = build_optimizer(model, spec.model.parametrization, hps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_schedule(s, spec.sweep.steps, hps["warmup_steps"]))
     steps = spec.sweep.steps
+    run = training_setup(spec.model, width, base_width=spec.base_width, hps=hps, total_steps=steps, seed=seed,
+                         rule=spec.transfer.rule)
+    model, opt, sched = run.model, run.optimizer, run.scheduler()
     eval_at = {max(1, round(steps * (i + 1) / n_reports)) for i in range(n_reports)}
     metrics = {"status": "ok", "val_loss": float("nan"), "train_loss": float("nan"), "step": 0}
     train_time = 0.0
@@ -55,8 +47,7 @@ def train_proxy(spec: StudySpec, width: int, hps: dict[str, float], seed: int, r
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if hps["grad_clip"] > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), hps["grad_clip"])
+        run.clip_gradients()
         opt.step()
         sched.step()
         train_time += time.perf_counter() - ts
@@ -76,38 +67,37 @@ def train_proxy(spec: StudySpec, width: int, hps: dict[str, float], seed: int, r
     return metrics
 
 
-def trial_key(spec: StudySpec, width: int, hps: dict, seed: int) -> str:
+def trial_key(spec: StudySpec, width: int, hps: Hyperparameters, seed: int) -> str:
     import hashlib
     import json
 
     from hptransfer.spec import spec_hash
 
-    blob = json.dumps({"spec": spec_hash(spec), "width": width, "hps": hps, "seed": seed}, sort_keys=True)
+    blob = json.dumps({"spec": spec_hash(spec), "width": width, "hps": hps.as_dict(), "seed": seed}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def tune_trainable(config: dict) -> None:
-    """Ray Tune function trainable. config: spec (dict), width, seed, one key per tuned HP, and
-    `done_dir`, where each finished trial leaves its final metrics.
+def tune_trainable(config: dict, spec: StudySpec | None = None, done_dir: str | None = None) -> None:
+    """Ray Tune function trainable. config: width, seed, one key per tuned HP. The spec arrives once
+    through Ray's object store (`tune.with_parameters`), not copied into every trial's config.
 
     Tune snapshots its experiment state every ≥10 s, so after a driver crash it may not know that a
-    trial finished moments before; the marker makes such a trial replay its result instead of
-    training again."""
+    trial finished moments before; a marker in `done_dir` makes such a trial replay its result
+    instead of training again."""
     import json
     from pathlib import Path
 
     from ray import tune
 
     from hptransfer.io import write_json
-    from hptransfer.spec import StudySpec
 
-    spec = StudySpec.model_validate(config["spec"])
-    torch.set_num_threads(max(1, int(spec.sweep.cpus_per_trial)))
-    hps = {**spec.sweep.fixed, **{k: config[k] for k in spec.sweep.grid}}
-    marker = Path(config["done_dir"]) / f"{trial_key(spec, config['width'], hps, config['seed'])}.json" if config.get("done_dir") else None
+    s = spec  # validated once by the driver; shared through the object store
+    torch.set_num_threads(max(1, int(s.sweep.cpus_per_trial)))
+    hps = trial_hps(s, config)
+    marker = Path(done_dir) / f"{trial_key(s, config['width'], hps, config['seed'])}.json" if done_dir else None
     if marker is not None and marker.exists():
         tune.report({**json.loads(marker.read_text()), "cached": True})
         return
-    final = train_proxy(spec, config["width"], hps, config["seed"], report=tune.report, n_reports=spec.sweep.reports)
+    final = train_proxy(s, config["width"], hps, config["seed"], report=tune.report, n_reports=s.sweep.reports)
     if marker is not None:
         write_json(marker, final)

@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-from hptransfer.transfer.plan import TransferPlan
-
-
-class PlanError(ValueError):
-    pass
+from hptransfer.errors import PlanError
+from hptransfer.plan import TransferPlan
 
 
 def micro_batching(global_batch: int, workers: int, max_micro: int | None = None) -> tuple[int, int]:
@@ -33,7 +30,7 @@ def deepspeed_config(plan: TransferPlan, workers: int, *, bf16: bool = False, ma
         "train_batch_size": plan.target.batch_size,
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
-        "gradient_clipping": float(plan.hyperparameters.get("grad_clip", 0.0)),  # 0: off, as in the sweep
+        "gradient_clipping": plan.hps.grad_clip,  # 0: off, as in the sweep
         "zero_optimization": {"stage": plan.train.zero_stage},
         # The optimizer is ours (MuAdamW carries µP's per-group LRs); DeepSpeed must not replace it.
         "zero_allow_untested_optimizer": True,

@@ -14,59 +14,81 @@ from pathlib import Path
 
 import torch
 
+from hptransfer.plan import TransferPlan
+from hptransfer.study import TrainPaths
+
 CKPT_TAG = "state"
 
 
-def _save(engine, out: Path, step: int, history: list, rank: int):
+def build_engine(plan: TransferPlan, world: int, *, bf16: bool = False):
+    """The plan's model, optimizer, schedule and clipping (`training_setup`, as in sweep trials)
+    wrapped in a DeepSpeed engine. Returns (engine, ds_config, lr_factor)."""
+    import deepspeed
+
+    from hptransfer.models import training_setup
+    from hptransfer.train.dsconfig import deepspeed_config
+    from hptransfer.transfer.schedule import warmup_multiplier
+
+    # The base schedule times the rule's multiplicative warmup (1 except for `sp-warmup`).
+    run = training_setup(plan.model, plan.target.width, base_width=plan.base_width, hps=plan.hps,
+                         total_steps=plan.target.steps, seed=plan.seed,
+                         extra_lr_factor=lambda s: warmup_multiplier(s, plan), rule=plan.rule)
+    ds_cfg = deepspeed_config(plan, world, bf16=bf16)  # gradient_clipping = the plan's grad_clip
+    # µP's parameter groups exist before DeepSpeed sees the optimizer.
+    engine, _, _, _ = deepspeed.initialize(model=run.model, optimizer=run.optimizer, config=ds_cfg,
+                                           lr_scheduler=lambda opt: run.scheduler(opt))
+    return engine, ds_cfg, run.lr_factor
+
+
+def train_step(engine, x: torch.Tensor, y: torch.Tensor, micro: int) -> torch.Tensor:
+    """One optimizer step of this rank's slice in micro-batches (DeepSpeed accumulates, clips at the
+    boundary, steps the optimizer and the LR schedule). Returns the last micro-batch's loss."""
+    from hptransfer.models import lm_logits
+
+    for i in range(0, len(x), micro):
+        logits = lm_logits(engine, x[i:i + micro])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[i:i + micro].reshape(-1))
+        engine.backward(loss)
+        engine.step()
+    return loss
+
+
+def _save(engine, paths: TrainPaths, step: int, history: list, rank: int):
     """DeepSpeed checkpoint (a collective into one directory shared by all ranks), handed to Ray
     Train by rank 0 after a barrier; every rank reports, as Ray Train requires."""
     import ray.train
     import torch.distributed as dist
 
-    d = out / "checkpoints_local" / f"step{step:07d}"
+    d = paths.checkpoints_local / f"step{step:07d}"
     engine.save_checkpoint(str(d), tag=CKPT_TAG, client_state={"step": step, "history": history})
     dist.barrier()
     return d, (ray.train.Checkpoint.from_directory(str(d)) if rank == 0 else None)
 
 
 def train_loop_per_worker(config: dict) -> None:
-    import deepspeed
     import ray.train
     import torch.distributed as dist
 
     from hptransfer.data import load_corpus
     from hptransfer.io import write_json
-    from hptransfer.models import build_model, build_optimizer, lm_logits, lr_schedule
-    from hptransfer.sweep.trial import evaluate
-    from hptransfer.tracking import MlflowTracker, NullTracker
-    from hptransfer.train.dsconfig import deepspeed_config
-    from hptransfer.transfer.plan import TransferPlan
-    from hptransfer.transfer.schedule import warmup_multiplier
+    from hptransfer.models import evaluate
+    from hptransfer.models.handoff import save_handoff
+    from hptransfer.tracking import BatchedMetrics, MlflowTracker, NullTracker
+    from hptransfer.train.progress import Progress
 
     plan = TransferPlan.model_validate(config["plan"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(plan.train.cpus_per_worker)))
-    out = Path(config["out_dir"])
-    (out / "pids").mkdir(parents=True, exist_ok=True)
-    (out / "pids" / f"rank{rank}").write_text(str(os.getpid()))  # lets an operator (or a test) find a worker
-    hps = plan.hyperparameters
+    paths = TrainPaths(Path(config["out_dir"]))
+    paths.pids.mkdir(parents=True, exist_ok=True)
+    (paths.pids / f"rank{rank}").write_text(str(os.getpid()))  # lets an operator (or a test) find a worker
     steps, B, T = plan.target.steps, plan.target.batch_size, plan.target.seq_len
-
-    def lr_factor(s: int) -> float:
-        # The base schedule times the rule's multiplicative warmup (1 except for `sp-warmup`).
-        return lr_schedule(s, steps, hps.get("warmup_steps", 0)) * warmup_multiplier(s, plan)
-
-    model = build_model(plan.model, plan.target.width, base_width=plan.base_width, seed=plan.seed)
-    optimizer = build_optimizer(model, plan.model.parametrization, hps)  # µP groups exist before DeepSpeed
-    ds_cfg = deepspeed_config(plan, world, bf16=config.get("bf16", False))
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=ds_cfg,
-        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lr_factor))
+    engine, ds_cfg, lr_factor = build_engine(plan, world, bf16=config.get("bf16", False))
 
     if rank == 0:
         # What the running engine actually applies per parameter group (a test compares it with the plan).
-        write_json(out / "engine_param_groups.json", [
+        write_json(paths.engine_param_groups, [
             {"lr": g.get("initial_lr", g["lr"]), "weight_decay": g["weight_decay"],
              "numel": sum(p.numel() for p in g["params"])} for g in engine.optimizer.param_groups])
     start, history = 0, []
@@ -75,29 +97,30 @@ def train_loop_per_worker(config: dict) -> None:
         with restored.as_directory() as d:
             _, client = engine.load_checkpoint(d, tag=CKPT_TAG)
         start, history = client["step"], client["history"]
-    tracker = (MlflowTracker(config["tracking_uri"], "", run_id=config["run_id"])
-               if rank == 0 and config.get("run_id") else NullTracker())
+    # Rank 0 logs every step's metrics, written to MLflow in one batch every `mlflow_every` steps
+    # (a blocking write per step costs; benchmarks/train_throughput.py --mlflow measures it).
+    tracker = BatchedMetrics(MlflowTracker(config["tracking_uri"], config["experiment"], run_id=config["run_id"])
+                             if rank == 0 and config.get("run_id") else NullTracker(),
+                             every=config.get("mlflow_every") or max(1, steps // 50))
+    progress = Progress(paths, steps, start, enabled=rank == 0)  # lines the driver prints; progress.json
     if restored:
         tracker.set_tags({"resumed_from_step": start})
     corpus = load_corpus(plan.data.val_fraction, plan.data.max_files)
     val = corpus.val_batches(plan.data.eval_batches, min(B, 16), T)
     micro = ds_cfg["train_micro_batch_size_per_gpu"]
     every = plan.train.checkpoint_every
-    t0, tokens, metrics = time.perf_counter(), 0, {"step": start}
+    # A run resumed at its last step trains no more; its final metrics are those of that step.
+    t0, tokens, metrics = time.perf_counter(), 0, dict(history[-1]) if history else {"step": start}
     for step in range(start + 1, steps + 1):
         # The global batch of a step is a function of the step alone: every rank takes its slice,
         # so any worker count, and a resumed run, sees the same data.
         x, y = corpus.batch("train", step, B, T, seed=plan.seed)
         x, y = x[rank::world], y[rank::world]
-        for i in range(0, len(x), micro):
-            logits = lm_logits(engine, x[i:i + micro])
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[i:i + micro].reshape(-1))
-            engine.backward(loss)
-            engine.step()
+        loss = train_step(engine, x, y, micro)
         tokens += B * T
         loss_t = loss.detach().clone()
         dist.all_reduce(loss_t)
-        metrics = {"step": step, "train_loss": loss_t.item() / world, "lr": hps["lr"] * lr_factor(step - 1),
+        metrics = {"step": step, "train_loss": loss_t.item() / world, "lr": plan.hps.lr * lr_factor(step - 1),
                    "tokens_per_s": tokens / (time.perf_counter() - t0)}
         if step % plan.train.eval_every == 0 or step == steps:
             metrics["val_loss"] = evaluate(engine.module, val)
@@ -105,22 +128,29 @@ def train_loop_per_worker(config: dict) -> None:
             metrics["status"] = "diverged"
         history.append(metrics)
         tracker.log_metrics({k: v for k, v in metrics.items() if k != "step"}, step=step)
+        progress.step(metrics)
         if metrics.get("status") == "diverged":
             break
         if every and step % every == 0 and step < steps:
-            d, ckpt = _save(engine, out, step, history, rank)
+            tracker.flush()  # MLflow holds every step up to the checkpoint
+            d, ckpt = _save(engine, paths, step, history, rank)
             ray.train.report(metrics, checkpoint=ckpt)
             if rank == 0:
                 shutil.rmtree(d, ignore_errors=True)  # Ray Train has persisted its own copy
-                write_json(out / "progress.json", {"step": step, "checkpoint_step": step})
+            progress.checkpoint(step)
 
-    metrics = {**metrics, "wall_s": time.perf_counter() - t0, "resumed_from_step": start}
+    tracker.flush()
+    metrics = {**metrics, "wall_s": time.perf_counter() - t0, "resumed_from_step": start,
+               "mlflow_log_s": tracker.seconds}
     metrics.setdefault("status", "ok")
-    d, ckpt = _save(engine, out, metrics["step"], history, rank)
+    d, ckpt = _save(engine, paths, metrics["step"], history, rank)
     if rank == 0:
-        write_json(out / "train_metrics.json", {"final": metrics, "history": history, "deepspeed_config": ds_cfg})
-        if hasattr(engine.module, "save_pretrained"):
-            engine.module.save_pretrained(str(out / "hf_model"))  # MuReadout saves as a plain Linear
+        write_json(paths.metrics, {"final": metrics, "history": history, "deepspeed_config": ds_cfg})
+        # Weights plain `from_pretrained` reads correctly (µP's readout multiplier folded in), with
+        # the base shapes and plan beside them so hptransfer can continue µP training.
+        save_handoff(engine.module, paths.hf_model, spec_model=plan.model, width=plan.target.width,
+                     base_width=plan.base_width, plan_dict=plan.model_dump(mode="json"))
+    progress.finish(metrics)
     ray.train.report(metrics, checkpoint=ckpt)
     if rank == 0:
         shutil.rmtree(d, ignore_errors=True)

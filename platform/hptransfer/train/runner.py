@@ -2,76 +2,94 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
+from hptransfer import logs
+from hptransfer.errors import PlanError
 from hptransfer.io import write_json
-from hptransfer.train.dsconfig import PlanError
-from hptransfer.transfer.plan import TransferPlan, load_plan, save_plan
+from hptransfer.plan import TransferPlan, save_plan
+
+if TYPE_CHECKING:
+    from hptransfer.study import Study
 
 
-def run_train(plan: TransferPlan | str | Path, out_dir: str | Path, *, tracking_uri: str | None = None,
-              experiment: str | None = None, address: str | None = None,
-              resume: bool = False, restart: bool = False, log=print) -> dict:
-    """Run (or, with resume=True, continue from its latest checkpoint) the large run into out_dir."""
-    import shutil
-
+def run_train(study: Study, plan: TransferPlan, *, resume: bool = False, restart: bool = False, log=print,
+              mlflow_every: int | None = None) -> dict:
+    """Run (or, with resume=True, continue from its latest checkpoint) the large run into the
+    study's train/ folder. Rank 0's progress lines are printed (`hptransfer.logs.progress`) as they
+    come; MLflow gets every step's metrics in batches of `mlflow_every` steps (default steps // 50)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from hptransfer.spec import RaySpec
-    from hptransfer.sweep.ray_session import ray_session
-    from hptransfer.tracking import TAG_KIND, TAG_STUDY, MlflowTracker, NullTracker
+    from hptransfer.study import TRAIN_EXPERIMENT
     from hptransfer.train.dsconfig import deepspeed_config
     from hptransfer.train.loop import train_loop_per_worker
 
-    plan = plan if isinstance(plan, TransferPlan) else load_plan(plan)
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    previous = out / "ray_results" / "train"
+    paths = study.paths.train
+    paths.root.mkdir(parents=True, exist_ok=True)
+    logs.attach(study.paths.log_file)
+    previous = paths.ray_experiment
     if previous.exists() and restart:
-        shutil.rmtree(previous)
+        aside = study.move_aside(paths.ray_storage, paths.metrics, paths.hf_model, paths.progress,
+                                  paths.progress_log, paths.plan)
+        log(f"restart: the previous large run was moved to {aside}")
     elif previous.exists() and not resume:
-        raise PlanError(f"{out} already holds a training run; pass --resume to continue it from its latest "
+        raise PlanError(f"{paths.root} already holds a training run; pass --resume to continue it from its latest "
                         "checkpoint, or --restart to discard it")
+    elif previous.exists() and paths.plan.is_file():
+        _check_same_model(paths.plan, plan)
     gpus = plan.train.gpus_per_worker
     ds_cfg = deepspeed_config(plan, plan.train.workers, bf16=gpus > 0)  # fail here, before any worker starts
-    tracker = (MlflowTracker(tracking_uri, experiment or plan.study, run_name=f"{plan.study}-train",
-                             tags={TAG_KIND: "train", TAG_STUDY: str(out.parent), "rule": plan.rule})
-               if tracking_uri else NullTracker())
+    tracker = study.tracker(f"{plan.study}-train", kind="train", tags={"rule": plan.rule})
     tracker.log_params({"width": plan.target.width, "steps": plan.target.steps, "batch_size": plan.target.batch_size,
                         "rule": plan.rule, "parametrization": plan.model.parametrization, "family": plan.model.family,
                         "depth": plan.model.depth, "workers": plan.train.workers, "zero_stage": plan.train.zero_stage,
-                        **{f"hp.{k}": v for k, v in plan.hyperparameters.items()}})
-    write_json(out / "deepspeed_config.json", ds_cfg)
+                        **{f"hp.{k}": v for k, v in plan.hps.as_dict().items()}})
+    write_json(paths.deepspeed_config, ds_cfg)
+    save_plan(plan, paths.plan)  # the plan this run trains (a resume checks it)
     log(f"train: width {plan.target.width}, {plan.target.steps} steps, global batch {plan.target.batch_size}, "
-        f"{plan.train.workers} workers, ZeRO-{plan.train.zero_stage}, lr {plan.hyperparameters['lr']:.4g}")
-    with ray_session(RaySpec(), address):
+        f"{plan.train.workers} workers, ZeRO-{plan.train.zero_stage}, lr {plan.hps.lr:.4g}")
+    with study.ray_session():
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"plan": plan.model_dump(mode="json"), "out_dir": str(out),
-                               "tracking_uri": tracking_uri, "run_id": tracker.run_id, "bf16": gpus > 0},
+            train_loop_config={"plan": plan.model_dump(mode="json"), "out_dir": str(paths.root),
+                               "tracking_uri": study.tracking_uri, "experiment": study.experiment,
+                               "run_id": tracker.run_id, "bf16": gpus > 0, "mlflow_every": mlflow_every},
             scaling_config=ScalingConfig(num_workers=plan.train.workers, use_gpu=gpus > 0,
                                          resources_per_worker={"CPU": plan.train.cpus_per_worker,
                                                                **({"GPU": gpus} if gpus else {})}),
             torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
             # Same name + storage path: Ray Train restores its checkpoint manager and hands the
             # loop the latest checkpoint (get_checkpoint) — both after a worker dies and on --resume.
-            run_config=RunConfig(name="train", storage_path=str(out / "ray_results"),
+            run_config=RunConfig(name=TRAIN_EXPERIMENT, storage_path=str(paths.ray_storage),
                                  failure_config=FailureConfig(max_failures=plan.train.max_failures),
                                  checkpoint_config=CheckpointConfig(num_to_keep=plan.train.keep_checkpoints)),
         )
         try:
-            result = trainer.fit()
+            with logs.follow(paths.progress_log):
+                result = trainer.fit()
         except Exception:
             tracker.end("FAILED")
             raise
     metrics = dict(result.metrics or {})
-    save_plan(plan, out / "transfer_plan.yaml")
-    for name in ("train_metrics.json", "deepspeed_config.json", "transfer_plan.yaml", "hf_model"):
-        if (out / name).exists():
-            tracker.log_artifact(out / name)
+    for path in (paths.metrics, paths.deepspeed_config, paths.plan, paths.hf_model):
+        if path.exists():
+            tracker.log_artifact(path)
     tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if k in ("train_loss", "val_loss", "tokens_per_s")})
     tracker.end("FINISHED" if metrics.get("status") == "ok" else "FAILED")
     metrics["mlflow_run_id"] = tracker.run_id
     metrics["checkpoint"] = result.checkpoint.path if result.checkpoint else None
     return metrics
+
+
+def _check_same_model(previous_plan, plan: TransferPlan) -> None:
+    """A resume must train the model the checkpoint holds: same family, shape and width."""
+    from hptransfer.plan import load_plan
+
+    old = load_plan(previous_plan)
+    keys = {"model": (old.model.model_dump(), plan.model.model_dump()),
+            "target.width": (old.target.width, plan.target.width), "base_width": (old.base_width, plan.base_width)}
+    diff = [f"{k}: checkpoint has {a}, plan has {b}" for k, (a, b) in keys.items() if a != b]
+    if diff:
+        raise PlanError(f"cannot resume: the checkpoint in {previous_plan.parent} is of another model ("
+                        + "; ".join(diff) + "); pass --restart to discard it, or another --study-dir")

@@ -7,20 +7,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from hptransfer.transfer.rules import RULES
+from hptransfer.console import console, fail, user_errors
+from hptransfer.spec import RULE_NAMES
 
 # engine (pandas, scipy) and plan are imported inside the commands so `hpt --help` answers at once.
-
-console = Console()
-err = Console(stderr=True)
-
-
-def _fail(msg: str) -> None:
-    err.print(f"[bold red]error:[/] {msg}")
-    raise typer.Exit(code=2)
 
 
 def _g(x, fmt: str = ".4g") -> str:
@@ -31,7 +24,7 @@ def print_plan(plan, path: Path | None = None) -> None:
     """The diagnostics a user reads before trusting the plan."""
     d = plan.diagnostics
     tuned = d.get("tuned", [])
-    t = Table(title=f"optimum by width — study {plan.study}, rule {plan.rule}")
+    t = Table(title=escape(f"optimum by width — study {plan.study}, rule {plan.rule}"))
     t.add_column("width", justify="right")
     t.add_column("best loss", justify="right")
     for hp in tuned:
@@ -72,7 +65,7 @@ def print_plan(plan, path: Path | None = None) -> None:
                   (f"|Δlog {d['primary']}*| = {dr['B']:.3g}·n^−{dr['beta']:.3g}" if dr.get("beta") is not None
                    else f"unknown ({dr.get('why', '')})"))
     fast = d.get("fast_transfer")
-    s.add_row("fast transfer (β > α/2)", {True: "[green]yes[/]", False: "[red]no[/]", None: "not judged"}[fast]
+    s.add_row("fast transfer (β > α/2)", {True: "[green]yes[/]", False: "[red]no[/]", None: "not judged"}.get(fast, "[yellow]undecided[/]")
               + (f"  ({d['fast_transfer_test']})" if d.get("fast_transfer_test") else ""))
     s.add_row("predicted transfer penalty", _g(d.get("predicted_penalty")) + " (loss)")
     s.add_row("predicted target loss", _g(d.get("predicted_target_loss")))
@@ -86,17 +79,18 @@ def print_plan(plan, path: Path | None = None) -> None:
         s.add_row("multiplicative warmup", f"{plan.schedule['kind']}: m={plan.schedule['m']:.4g}, timescale={plan.schedule['timescale']:.4g} steps")
     console.print(s)
     for n in d.get("notes", []):
-        console.print(f"[dim]note:[/] {n}")
+        console.print(f"[dim]note:[/] {escape(str(n))}")
     for w in d.get("warnings", []):
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"[yellow]warning:[/] {escape(str(w))}")
     if path is not None:
-        console.print(f"plan written to [bold]{path}[/]")
+        console.print(f"plan written to [bold]{escape(str(path))}[/]")
 
 
+@user_errors
 def transfer(
     study_dir: Optional[Path] = typer.Option(None, "--study-dir", help="Study folder: reads spec.yaml and sweep_results.csv, writes transfer_plan.yaml."),
     results: Optional[Path] = typer.Option(None, "--results", help="Standalone: a results table (.csv or .parquet) from any tool; columns width, val_loss, status, seed and one per tuned hyperparameter."),
-    rule: Optional[str] = typer.Option(None, "--rule", help=f"Standalone: the transfer rule, one of {sorted(RULES)}."),
+    rule: Optional[str] = typer.Option(None, "--rule", help=f"Standalone: the transfer rule, one of {sorted(RULE_NAMES)}."),
     target_width: Optional[int] = typer.Option(None, "--target-width", help="Standalone: width of the large model."),
     base_width: Optional[int] = typer.Option(None, "--base-width", help="µP base width. Default: the narrowest width in the table."),
     proxy_steps: int = typer.Option(100, "--proxy-steps", help="Standalone: steps each sweep trial ran."),
@@ -112,46 +106,40 @@ def transfer(
     quiet: bool = typer.Option(False, "--quiet", help="Do not print the diagnostics table."),
 ) -> None:
     """Map the sweep's best hyperparameters to the target width; print the diagnostics; write the plan."""
-    from hptransfer.spec import SpecError, load_spec
-    from hptransfer.transfer.engine import (PLAN_FILE, ResultsError, file_hash, log_plan_to_mlflow, make_plan,
-                                            read_results, standalone_spec)
-    from hptransfer.transfer.plan import save_plan
+    from hptransfer.pipeline import transfer_stage
+    from hptransfer.plan import save_plan
+    from hptransfer.study import Study
+    from hptransfer.transfer.engine import file_hash, make_plan, read_results, standalone_spec
 
     if (study_dir is None) == (results is None):
-        _fail("give exactly one of --study-dir DIR (a study made by `hpt sweep`) or --results FILE (standalone)")
-    try:
-        if study_dir is not None:
-            bad = [n for n, v in (("--rule", rule), ("--target-width", target_width)) if v is not None]
-            if bad:
-                _fail(f"{', '.join(bad)} are for standalone use; with --study-dir edit {study_dir}/spec.yaml instead")
-            spec = load_spec(study_dir / "spec.yaml")
-            res_path = study_dir / "sweep_results.csv"
-            table = read_results(res_path)
-            out = out or study_dir / PLAN_FILE
-        else:
-            missing = [n for n, v in (("--rule", rule), ("--target-width", target_width)) if v is None]
-            if missing:
-                _fail(f"standalone use needs {' and '.join(missing)}, e.g. --rule mup --target-width 1024")
-            if rule not in RULES:
-                _fail(f"--rule {rule!r} is unknown; choose one of {sorted(RULES)}")
-            res_path = results
-            table = read_results(results)
-            spec = standalone_spec(table, rule=rule, target_width=target_width, base_width=base_width,
-                                   proxy_steps=proxy_steps, proxy_batch_size=proxy_batch_size,
-                                   target_steps=target_steps, target_batch_size=target_batch_size,
-                                   model={"family": family, "depth": depth, "head_dim": head_dim,
-                                          "seq_len": seq_len, "parametrization": parametrization},
-                                   source=str(results))
-            out = out or Path(PLAN_FILE)
-        plan = make_plan(spec, table, {"results_file": str(res_path), "results_file_hash": file_hash(res_path)})
-    except (ResultsError, SpecError) as e:
-        _fail(str(e))
-    path = save_plan(plan, out)
-    log_plan_to_mlflow(plan, path)
+        fail("give exactly one of --study-dir DIR (a study made by `hpt sweep`) or --results FILE (standalone)")
+    if study_dir is not None:
+        bad = [n for n, v in (("--rule", rule), ("--target-width", target_width)) if v is not None]
+        if bad:
+            fail(f"{', '.join(bad)} are for standalone use; with --study-dir edit {study_dir}/spec.yaml instead")
+        study = Study.from_dir(study_dir)
+        plan = transfer_stage(study)
+        path = save_plan(plan, out) if out else study.paths.plan
+    else:
+        missing = [n for n, v in (("--rule", rule), ("--target-width", target_width)) if v is None]
+        if missing:
+            fail(f"standalone use needs {' and '.join(missing)}, e.g. --rule mup --target-width 1024")
+        if rule not in RULE_NAMES:
+            fail(f"--rule {rule!r} is unknown; choose one of {sorted(RULE_NAMES)}")
+        table = read_results(results)
+        spec = standalone_spec(table, rule=rule, target_width=target_width, base_width=base_width,
+                               proxy_steps=proxy_steps, proxy_batch_size=proxy_batch_size,
+                               target_steps=target_steps, target_batch_size=target_batch_size,
+                               model={"family": family, "depth": depth, "head_dim": head_dim,
+                                      "seq_len": seq_len, "parametrization": parametrization},
+                               source=str(results))
+        plan = make_plan(spec, table, {"results_file": str(results), "results_file_hash": file_hash(results)})
+        path = save_plan(plan, out or Path(Study(None, ".", name=plan.study).paths.plan.name))
     if not quiet:
         print_plan(plan, path)
 
 
+@user_errors
 def export(
     plan: Path = typer.Argument(..., help="A transfer_plan.yaml."),
     to: str = typer.Option(..., "--to", help="deepspeed | hf | torchtitan"),
@@ -159,21 +147,16 @@ def export(
 ) -> None:
     """Write the plan as a DeepSpeed config, HF TrainingArguments JSON or torchtitan TOML (validated first)."""
     from hptransfer.transfer.exports import FORMATS, caveats, default_out, export_plan
-    from hptransfer.transfer.plan import load_plan
+    from hptransfer.plan import load_plan
 
     if to not in FORMATS:
-        _fail(f"--to {to!r} is unknown; choose one of {list(FORMATS)}")
-    try:
-        p = load_plan(plan)
-    except FileNotFoundError as e:
-        _fail(str(e))
-    except Exception as e:  # a hand-edited plan that no longer validates
-        _fail(f"{plan}: not a valid plan: {e}")
+        fail(f"--to {to!r} is unknown; choose one of {list(FORMATS)}")
+    p = load_plan(plan)  # a PlanError names every bad field of a hand-edited plan
     target = out or default_out(plan, to)
     try:
         written = export_plan(p, to, target)
     except Exception as e:  # the framework's own validator refused it: say which and why
-        _fail(f"the {to} export did not pass {to}'s own validation: {type(e).__name__}: {e}")
+        fail(f"the {to} export did not pass {to}'s own validation: {type(e).__name__}: {e}")
     for c in caveats(p):
-        console.print(f"[yellow]note:[/] {c}")
-    console.print(f"{to} config written to [bold]{written}[/]")
+        console.print(f"[yellow]note:[/] {escape(c)}")
+    console.print(f"{to} config written to [bold]{escape(str(written))}[/]")

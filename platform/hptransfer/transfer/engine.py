@@ -1,39 +1,30 @@
 """Sweep results table → per-width optima → rule → `TransferPlan` (+ diagnostics and baselines).
 
-The only side effects live in `transfer_study` (read files, write the plan atomically, log to an
-active MLflow run); `make_plan` is a function of the spec and the table.
+`make_plan` is a pure function of the spec and the table; reading files and writing the plan are
+the pipeline's (`pipeline.transfer_stage`) and the CLI's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from hptransfer.spec import LOG_SCALE, TUNABLE, StudySpec, load_spec, parse_spec, spec_hash
+from hptransfer.errors import ResultsError
+from hptransfer.hyperparameters import LOG_SCALE, TUNABLE
+from hptransfer.models.optim import FINAL_LR_FRACTION
+from hptransfer.plan import TargetShape, TransferPlan
+from hptransfer.spec import StudySpec, parse_spec, spec_hash
 from hptransfer.transfer.baselines import baselines_for
 from hptransfer.transfer.diagnostics import diagnose
-from hptransfer.transfer.exports import FINAL_LR_FRACTION
 from hptransfer.transfer.optimum import OptimumFit, fit_optimum
-from hptransfer.transfer.plan import TargetShape, TransferPlan, save_plan
 from hptransfer.transfer.rules import RULES, Evidence, Target
 
-RESULT_COLUMNS = ("width", "seed", "val_loss", "status")
 STATUSES = {"ok", "diverged", "failed", "stopped"}
-PLAN_FILE, RESULTS_FILE, SPEC_FILE = "transfer_plan.yaml", "sweep_results.csv", "spec.yaml"
-
-
-class ResultsError(ValueError):
-    """A results table the engine cannot use; `problems` lists every issue, each with its fix."""
-
-    def __init__(self, source: str, problems: list[str]):
-        self.source, self.problems = source, problems
-        super().__init__(f"{source}: {len(problems)} problem(s)\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def check_results(results: pd.DataFrame, tuned: list[str], source: str = "results") -> pd.DataFrame:
@@ -75,6 +66,10 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
                             "every trial needs its hyperparameter value")
         elif hp in LOG_SCALE and (v <= 0).any():
             problems.append(f"column `{hp}` must be > 0 (fitted on a log scale), got {sorted(v[v <= 0].unique())[:5]}")
+    for hp in tuned:
+        v = pd.to_numeric(df[hp], errors="coerce")
+        if hp in df.columns and (~np.isfinite(v.dropna())).any():
+            problems.append(f"column `{hp}` has non-finite values (inf); every trial needs a finite value")
     if problems:
         raise ResultsError(source, problems)
     df["width"] = width.astype(int)
@@ -94,6 +89,30 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
     return df
 
 
+def check_results_belong(results: pd.DataFrame, spec: StudySpec, sweep_hash: str | None, source: str) -> None:
+    """A study's table must come from its spec: same sweep (the `spec_hash` column the sweep writes)
+    and only widths and grid values the spec has. Raises ResultsError listing every mismatch."""
+    problems = []
+    if "spec_hash" in results.columns and sweep_hash is not None:
+        found = sorted({str(h) for h in results["spec_hash"].dropna().unique()} - {sweep_hash})
+        if found:
+            problems.append(f"the table comes from another sweep (spec_hash {found}, this spec's is {sweep_hash}); rerun "
+                            "`hpt sweep` with this spec (add --restart to replace the old results) or restore the old spec")
+    widths = pd.to_numeric(results.get("width"), errors="coerce")
+    extra = sorted({int(w) for w in widths.dropna().unique()} - set(spec.sweep.widths))
+    if extra:
+        problems.append(f"widths {extra} are not in sweep.widths {spec.sweep.widths}; the table belongs to another spec")
+    for hp, values in spec.sweep.grid.items():
+        if hp not in results.columns:
+            continue
+        col = pd.to_numeric(results[hp], errors="coerce").dropna()
+        off = sorted({float(v) for v in col.unique() if not any(np.isclose(v, g, rtol=1e-9, atol=0) for g in values)})
+        if off:
+            problems.append(f"column `{hp}` has values {off[:5]} that are not in sweep.grid.{hp} {values}")
+    if problems:
+        raise ResultsError(source, problems)
+
+
 def optima_by_width(results: pd.DataFrame, tuned: list[str]) -> dict[int, dict[str, OptimumFit]]:
     """For each width and tuned hyperparameter, the optimum with the others at their best grid point.
 
@@ -110,7 +129,9 @@ def optima_by_width(results: pd.DataFrame, tuned: list[str]) -> dict[int, dict[s
         if not ok.any():
             continue
         loss = g["val_loss"].where(ok)
-        best_row = g.loc[loss.idxmin()]
+        # The slices go through the seed-averaged best grid point, not the luckiest single trial.
+        best_row = g[ok].groupby(tuned)["val_loss"].mean().idxmin()
+        best_row = dict(zip(tuned, best_row if isinstance(best_row, tuple) else (best_row,)))
         keep = ok | diverged_all.loc[g.index]
         fits = {}
         for hp in tuned:
@@ -136,7 +157,10 @@ def _fit_dict(f: OptimumFit) -> dict:
     d = {"value": f.value, "best_grid_value": f.best_grid_value, "best_loss": f.best_loss,
          "fitted_loss": f.fitted_loss, "on_edge": f.on_edge, "convex": f.convex, "n_points": f.n_points,
          "n_diverged": f.n_diverged, "capped_by_divergence": f.capped_by_divergence,
-         "curvature": f.curvature, "log_se": f.log_se, "ci": [f.ci_low, f.ci_high] if f.ci_low is not None else None}
+         "curvature": f.curvature, "log_se": f.log_se, "ci": [f.ci_low, f.ci_high] if f.ci_low is not None else None,
+         "censored": f.censored, "bound": [f.bound_low, f.bound_high], "noise": f.noise, "noise_source": f.noise_source,
+         "n_seeds": f.n_seeds, "se_floor": f.se_floor, "curvature_ci": [f.curvature_low, f.curvature_high],
+         "loss_se": f.loss_se}
     return {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in d.items()}
 
 
@@ -163,7 +187,8 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
     ev = Evidence(optima={w: {hp: f.value for hp, f in per.items()} for w, per in fits.items()},
                   fixed=dict(spec.sweep.fixed), base_width=spec.base_width,
                   parametrization=spec.model.parametrization,
-                  log_se={w: {hp: f.log_se for hp, f in per.items()} for w, per in fits.items()})
+                  log_se={w: {hp: f.log_se for hp, f in per.items()} for w, per in fits.items()},
+                  censored={w: {hp: f.censored for hp, f in per.items()} for w, per in fits.items()})
     tgt = Target(width=spec.target.width, steps=spec.target_steps, batch_size=spec.target_batch_size,
                  proxy_steps=spec.sweep.steps, proxy_batch_size=spec.sweep.batch_size,
                  warmup_timescale=spec.transfer.warmup_timescale, dp=spec.dp)
@@ -255,42 +280,3 @@ def read_results(path: str | Path) -> pd.DataFrame:
     if path.suffix.lower() in (".csv", ".txt"):
         return pd.read_csv(path)
     raise ResultsError(str(path), [f"unknown table format {path.suffix!r}; use .csv or .parquet"])
-
-
-# --- the pipeline's entry point -----------------------------------------------------------------
-
-def log_plan_to_mlflow(plan: TransferPlan, plan_path: Path) -> str | None:
-    """Log the plan to the active MLflow run, if any; returns its run id. Never starts a run, and
-    never imports mlflow if nobody else did (no run can be active then): the engine works offline."""
-    mlflow = sys.modules.get("mlflow")
-    run = mlflow.active_run() if mlflow is not None else None
-    if run is None:
-        return None
-    d = plan.diagnostics
-    mlflow.log_artifact(str(plan_path))
-    mlflow.log_params({"transfer_rule": plan.rule, "target_width": plan.target.width})
-    metrics = {f"transfer_{k}": v for k, v in plan.hyperparameters.items()}
-    for key in ("predicted_penalty", "predicted_target_loss"):
-        if d.get(key) is not None:
-            metrics[f"transfer_{key}"] = d[key]
-    if d.get("fast_transfer") is not None:
-        metrics["transfer_fast"] = float(d["fast_transfer"])
-    mlflow.log_metrics(metrics)
-    return run.info.run_id
-
-
-def transfer_study(study_dir: str | Path) -> Path:
-    """`hpt transfer --study-dir DIR` without printing: DIR/spec.yaml + DIR/sweep_results.csv →
-    DIR/transfer_plan.yaml (atomic), logged to the active MLflow run if there is one."""
-    d = Path(study_dir)
-    spec_path, results_path = d / SPEC_FILE, d / RESULTS_FILE
-    spec = load_spec(spec_path)
-    results = read_results(results_path)
-    prov = {"results_file": str(results_path), "results_file_hash": file_hash(results_path)}
-    mlflow = sys.modules.get("mlflow")
-    if mlflow is not None and mlflow.active_run() is not None:
-        prov["mlflow_run_id"] = mlflow.active_run().info.run_id
-    plan = make_plan(spec, results, prov)
-    path = save_plan(plan, d / PLAN_FILE)
-    log_plan_to_mlflow(plan, path)
-    return path

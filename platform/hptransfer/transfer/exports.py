@@ -21,19 +21,19 @@ from pathlib import Path
 from typing import Any
 
 from hptransfer.io import write_atomic, write_json
-from hptransfer.transfer.plan import TransferPlan
+from hptransfer.models.optim import ADAM_EPS, FINAL_LR_FRACTION
+from hptransfer.plan import TransferPlan
 
 FORMATS = ("deepspeed", "hf", "torchtitan")
-FINAL_LR_FRACTION = 0.1  # lr_schedule's cosine floor (hptransfer.models.optim.lr_schedule)
-ADAM_EPS = 1e-8  # build_optimizer's eps
 
 
-def _hp(plan: TransferPlan, name: str, default: float) -> float:
-    return float(plan.hyperparameters.get(name, default))
+def _hp(plan: TransferPlan, name: str) -> float:
+    """The plan's value, or the one default every stage uses (`Hyperparameters`)."""
+    return float(getattr(plan.hps, name))
 
 
 def _warmup(plan: TransferPlan) -> int:
-    return int(round(_hp(plan, "warmup_steps", 0)))
+    return round(_hp(plan, "warmup_steps"))
 
 
 def caveats(plan: TransferPlan) -> list[str]:
@@ -54,6 +54,48 @@ def caveats(plan: TransferPlan) -> list[str]:
 
 # --- DeepSpeed ------------------------------------------------------------------------------------
 
+def deepspeed_warmup_cosine(total: int, warmup: int, final_frac: float) -> dict[str, Any]:
+    """`WarmupCosineLR` parameters giving `lr_schedule(s, total, warmup, final_frac)` (= HF's
+    `cosine_with_min_lr`) at optimizer step s, except at `deepspeed_inexact_steps(warmup)`.
+
+    DeepSpeed's engine steps its scheduler after each optimizer step, so step s runs at ratio(s − 1)
+    (deepspeed/runtime/lr_schedules.py), where with W = max(2, warmup_num_steps), m = warmup_min_ratio
+    and i = last_batch_iteration: ratio(i < 0) = 0; ratio(i < W) = m + (1 − m)·i/W;
+    ratio(i ≥ W) = f + (1 − f)·(1 + cos(π·min(1, (i − W + 1)/(total_num_steps − W))))/2.
+    A constructor argument `last_batch_iteration = k ≥ 0` leaves step 0 at the optimizer's LR (the
+    peak) and runs step s ≥ 1 at ratio(k + s).
+
+    - w = 0: k = 1, W = 2, total + 2 → step 0 at the peak, step s ≥ 1 at progress s/total. Exact.
+    - w = 1: k = 0, W = 2, m = 1, total + 1 → step 1 at the peak, s ≥ 2 at (s − 1)/(total − 1);
+      step 0 runs at the peak where ours runs at 0.
+    - w ≥ 2: W = w, m = 1/w, total → step 0 at 0, step 1 at 1/w, steps s ≥ w + 1 exact. DeepSpeed's
+      cosine numerator i − W + 1 forces W = w, and its linear warmup then reaches 1 only at i = W,
+      one step after ours: steps 2..w run at (1/w + (1 − 1/w)(s − 1)/w) of the peak instead of s/w,
+      lower by (s − 1)/w² (at most ≈ 1/w, at step w). No WarmupCosineLR setting matches them all."""
+    base = {"warmup_type": "linear", "cos_min_ratio": final_frac}
+    if warmup == 0:
+        return {**base, "total_num_steps": total + 2, "warmup_num_steps": 2, "warmup_min_ratio": 1.0,
+                "last_batch_iteration": 1}
+    if warmup == 1:
+        return {**base, "total_num_steps": total + 1, "warmup_num_steps": 2, "warmup_min_ratio": 1.0,
+                "last_batch_iteration": 0}
+    return {**base, "total_num_steps": total, "warmup_num_steps": warmup, "warmup_min_ratio": 1.0 / warmup}
+
+
+def deepspeed_inexact_steps(warmup: int) -> list[int]:
+    """Optimizer steps (0-based) where `deepspeed_warmup_cosine` cannot give `lr_schedule`'s LR."""
+    return [0] if warmup == 1 else list(range(2, warmup + 1))
+
+
+def _deepspeed_schedule_note(warmup: int) -> str:
+    steps = deepspeed_inexact_steps(warmup)
+    which = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}"
+    return (f"WarmupCosineLR matches hptransfer's lr_schedule (= HF cosine_with_min_lr) at every optimizer step "
+            f"except {which} (0-based), which DeepSpeed's warmup cannot express "
+            "(hptransfer.transfer.exports.deepspeed_warmup_cosine); for an exact match pass "
+            "lr_scheduler=LambdaLR(opt, lr_schedule) to deepspeed.initialize and drop `scheduler`")
+
+
 def deepspeed_config(plan: TransferPlan) -> dict[str, Any]:
     """A DeepSpeed config. Only `train_batch_size` and accumulation 1 are given, so DeepSpeed derives
     the micro batch from the world size at launch (train = micro × accumulation × world)."""
@@ -64,20 +106,18 @@ def deepspeed_config(plan: TransferPlan) -> dict[str, Any]:
         "gradient_accumulation_steps": 1,
         "steps_per_print": plan.train.eval_every,
         "optimizer": {"type": "AdamW", "params": {
-            "lr": _hp(plan, "lr", 1e-2), "betas": [_hp(plan, "beta1", 0.9), _hp(plan, "beta2", 0.98)],
-            "eps": ADAM_EPS, "weight_decay": _hp(plan, "weight_decay", 0.0),
+            "lr": _hp(plan, "lr"), "betas": [_hp(plan, "beta1"), _hp(plan, "beta2")],
+            "eps": ADAM_EPS, "weight_decay": _hp(plan, "weight_decay"),
             # On CPU, torch's AdamW avoids DeepSpeed JIT-compiling fused_adam (~40 s).
             **({"torch_adam": True} if cpu else {})}},
-        "scheduler": {"type": "WarmupCosineLR", "params": {
-            "total_num_steps": plan.target.steps,
-            # DeepSpeed requires ≥ 1 warmup step; with min ratio 1 that one step is at the peak.
-            "warmup_num_steps": max(1, warm), "warmup_min_ratio": 0.0 if warm else 1.0,
-            "warmup_type": "linear", "cos_min_ratio": FINAL_LR_FRACTION}},
-        "gradient_clipping": _hp(plan, "grad_clip", 0.0),  # sweep trials do not clip
+        "scheduler": {"type": "WarmupCosineLR",
+                      "params": deepspeed_warmup_cosine(plan.target.steps, warm, FINAL_LR_FRACTION)},
+        "gradient_clipping": _hp(plan, "grad_clip"),  # sweep trials do not clip
         "zero_optimization": {"stage": plan.train.zero_stage},
         "bf16": {"enabled": not cpu},
         "hptransfer": {"study": plan.study, "rule": plan.rule, "param_group_multipliers": plan.param_group_multipliers,
-                       "schedule": plan.schedule},
+                       "schedule": plan.schedule,
+                       **({"lr_schedule_note": _deepspeed_schedule_note(warm)} if deepspeed_inexact_steps(warm) else {})},
     }
 
 
@@ -99,19 +139,19 @@ def hf_training_args(plan: TransferPlan, output_dir: str = "outputs") -> dict[st
     per_device = max(1, plan.target.batch_size // plan.train.workers)
     return {
         "output_dir": output_dir,
-        "learning_rate": _hp(plan, "lr", 1e-2),
-        "weight_decay": _hp(plan, "weight_decay", 0.0),
-        "adam_beta1": _hp(plan, "beta1", 0.9),
-        "adam_beta2": _hp(plan, "beta2", 0.98),
+        "learning_rate": _hp(plan, "lr"),
+        "weight_decay": _hp(plan, "weight_decay"),
+        "adam_beta1": _hp(plan, "beta1"),
+        "adam_beta2": _hp(plan, "beta2"),
         "adam_epsilon": ADAM_EPS,
         "optim": "adamw_torch",
         "max_steps": plan.target.steps,
         "warmup_steps": _warmup(plan),
-        "lr_scheduler_type": "cosine_with_min_lr",
+        "lr_scheduler_type": "cosine_with_min_lr",  # lr_schedule is this scheduler's formula, step for step
         "lr_scheduler_kwargs": {"min_lr_rate": FINAL_LR_FRACTION},
         "per_device_train_batch_size": per_device,
         "gradient_accumulation_steps": 1,
-        "max_grad_norm": _hp(plan, "grad_clip", 0.0),  # sweep trials do not clip; clipping moves the optimum
+        "max_grad_norm": _hp(plan, "grad_clip"),  # sweep trials do not clip; clipping moves the optimum
         "seed": plan.seed,
         "bf16": plan.train.gpus_per_worker > 0,
         "logging_steps": plan.train.eval_every,
@@ -141,13 +181,13 @@ def torchtitan_config(plan: TransferPlan) -> dict[str, dict[str, Any]]:
     return {
         "job": {"dump_folder": "./outputs", "description": f"hptransfer plan {plan.study} (rule {plan.rule})"},
         "model": {"name": "llama3", "flavor": f"hptransfer_{plan.study}"},
-        "optimizer": {"name": "AdamW", "lr": _hp(plan, "lr", 1e-2), "beta1": _hp(plan, "beta1", 0.9),
-                      "beta2": _hp(plan, "beta2", 0.98), "eps": ADAM_EPS,
-                      "weight_decay": _hp(plan, "weight_decay", 0.0)},
+        "optimizer": {"name": "AdamW", "lr": _hp(plan, "lr"), "beta1": _hp(plan, "beta1"),
+                      "beta2": _hp(plan, "beta2"), "eps": ADAM_EPS,
+                      "weight_decay": _hp(plan, "weight_decay")},
         "lr_scheduler": {"warmup_steps": _warmup(plan), "decay_type": "cosine", "lr_min": FINAL_LR_FRACTION},
         "training": {"local_batch_size": max(1, plan.target.batch_size // plan.train.workers),
                      "global_batch_size": plan.target.batch_size, "seq_len": plan.target.seq_len,
-                     "steps": plan.target.steps, "seed": plan.seed, "max_norm": _hp(plan, "grad_clip", 0.0)},
+                     "steps": plan.target.steps, "seed": plan.seed, "max_norm": _hp(plan, "grad_clip")},
     }
 
 

@@ -11,11 +11,12 @@ Every rule honours the same contract (tests/test_transfer_rules.py runs it over 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from hptransfer.spec import DEFAULT_HPS, LOG_SCALE
-from hptransfer.transfer.diagnostics import fit_log_linear
+from hptransfer.hyperparameters import DEFAULT_HPS, LOG_SCALE
+from hptransfer.transfer.diagnostics import fit_log_linear, interval_quantile
 from hptransfer.transfer.heuristics import adjust_for_batch_and_steps
 from hptransfer.transfer.schedule import default_timescale, steps_to_half
 
@@ -28,7 +29,9 @@ class Evidence:
     fixed: dict[str, float]  # hyperparameters held fixed in the sweep
     base_width: int
     parametrization: str
-    log_se: dict[int, dict[str, float | None]] = field(default_factory=dict)  # bootstrap std of log ν*
+    log_se: dict[int, dict[str, float | None]] = field(default_factory=dict)  # std of log ν* (optimum.py)
+    # "upper"/"lower" where the optimum is a bound (grid edge, capped by divergence): kept out of trends
+    censored: dict[int, dict[str, str | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -136,12 +139,47 @@ def mup_independent_wd_rule(ev: Evidence, target: Target) -> RuleResult:
     return res
 
 
+@register("mup-standard-wd")
+def mup_standard_wd_rule(ev: Evidence, target: Target) -> RuleResult:
+    """µP with *standard* (coupled) weight decay: the variant paper 3 (Kosson et al., arXiv 2510.19093)
+    compares against. Hidden matrices get lr/m as in µP but weight_decay ×1, so their η·λ shrinks as
+    1/m with width; AdamW's equilibrium relative update ∝ √(ηλ) then falls with width and, late in
+    training, the LR optimum drifts (the paper's finding). Same optimum carried over as `mup`, with
+    plain lr/weight_decay heuristics for a new batch size (η·λ not held).
+    `mup.MuAdamW` multiplies weight_decay by m for matrix-like parameters (the independent form),
+    so the trainer must pass weight_decay/m for hidden matrices to get this rule's ×1 — which is
+    what the hidden_matrices multiplier 1.0 states."""
+    src = source_width(ev, target)
+    res = _finish(ev, target, base_hps(ev, src), src, hold_product=False)
+    m = target.width / ev.base_width
+    if "hidden_matrices" in res.param_group_multipliers:
+        res.param_group_multipliers["hidden_matrices"]["weight_decay"] = 1.0
+    res.notes.append(f"standard (coupled) weight decay under µP: hidden matrices lr/m, weight_decay ×1 (m={m:.4g}), "
+                     "so η·λ shrinks as 1/m; a trainer using MuAdamW must divide the hidden matrices' weight_decay "
+                     "by m to undo MuAdamW's ×m")
+    if base_hps(ev, src).get("weight_decay", 0.0) == 0:
+        res.warnings.append("weight_decay is 0: `mup-standard-wd` is then `mup`; tune weight_decay or use `mup`")
+    if ev.parametrization != "mup":
+        res.warnings.append("rule `mup-standard-wd` on a model that is not µP-parametrized; set "
+                            "model.parametrization: mup, or use rule `sp-warmup` for standard-parametrized models")
+    return res
+
+
+# sp-warmup: a timescale whose s_t reaches 1/√2 only after the run ends is capped to reach it at
+# this fraction of the run. Assumption: the least departure from paper 3's τ that still lets the
+# target train at (close to) its peak LR before it ends.
+WARMUP_CAP_FRACTION = 1.0
+
+
 @register("sp-warmup")
 def sp_warmup_rule(ev: Evidence, target: Target) -> RuleResult:
     """Standard parametrization + independent weight decay + a width-dependent multiplicative
     warmup (paper 3, arXiv 2510.19093): keep the peak LR of the source width, hold η·λ constant,
     and multiply the usual schedule by s_t = (1 + (m² − 1)(1 − ηλ)^{2t})^{−1/2} with m the width
-    ratio target/source (schedule.py), which reproduces the implicit warmup µP would give."""
+    ratio target/source (schedule.py), which reproduces the implicit warmup µP would give.
+    s_t = 1/√2 after τ·ln(m² − 1)/2 steps; when that is longer than the run, τ is capped so it
+    happens at WARMUP_CAP_FRACTION of the run (with a warning): otherwise the target would train at
+    a reduced LR throughout."""
     src = source_width(ev, target)
     res = _finish(ev, target, base_hps(ev, src), src, hold_product=True, parametrization="sp")
     hps = res.hyperparameters
@@ -162,21 +200,39 @@ def sp_warmup_rule(ev: Evidence, target: Target) -> RuleResult:
     res.schedule = {"kind": "sp-warmup", "m": m, "eta_lambda": eta_lambda, "timescale": tau,
                     "timescale_source": how, "steps_to_half": steps_to_half(m, tau),
                     "formula": "s_t = (1 + (m^2 - 1) * exp(-2 t / timescale))^(-1/2)"}
-    if m > 1 and steps_to_half(m, tau) > target.steps:
-        res.warnings.append(f"sp-warmup: s_t reaches 1/√2 only after {steps_to_half(m, tau):.0f} steps, longer than "
-                            f"the run ({target.steps}); the target would train at a reduced LR throughout")
+    half = steps_to_half(m, tau)
+    if m * m > 2 and half > WARMUP_CAP_FRACTION * target.steps:
+        capped = 2 * WARMUP_CAP_FRACTION * target.steps / math.log(m * m - 1)
+        res.schedule.update(timescale=capped, timescale_uncapped=tau, timescale_source=f"{how}, capped",
+                            steps_to_half=steps_to_half(m, capped))
+        res.warnings.append(f"sp-warmup: with timescale {tau:.4g} s_t would reach 1/√2 only after {half:.0f} steps, "
+                            f"longer than the run ({target.steps}); capped the timescale to {capped:.4g} so it does at "
+                            f"step {steps_to_half(m, capped):.0f} — set transfer.warmup_timescale or raise weight_decay")
     if ev.parametrization == "mup":
         res.warnings.append("rule `sp-warmup` on a µP model: µP already provides this warmup; use `mup-independent-wd`")
     return res
 
 
+# power-law: a 95% prediction interval wider than ×/÷ this at the target makes its midpoint a guess.
+MAX_EXTRAPOLATION_FACTOR = 2.0
+
+
 @register("power-law")
 def power_law_rule(ev: Evidence, target: Target) -> RuleResult:
-    """Fit log ν*(n) = a + b·log n over the ladder (weighted by the bootstrap errors when every
-    width has one) and extrapolate to the target width. For when the optimum still drifts with
-    width (a non-µP model, or µP with slow transfer: paper 2, arXiv 2512.22768, recommends
-    extrapolating ν*(n) then). Only log-scale hyperparameters are extrapolated; others come from
-    the source width. Assumption: the power law holds beyond the ladder."""
+    """Fit log ν*(n) = a + b·log n over the ladder's uncensored optima (weighted by their errors
+    when every width has one; optimum.py) and extrapolate to the target width. For when the optimum
+    still drifts with width (a non-µP model, or µP with slow transfer: paper 2, arXiv 2512.22768,
+    recommends extrapolating ν*(n) then). Only log-scale hyperparameters are extrapolated; others
+    come from the source width. Assumption: the power law holds beyond the ladder.
+
+    Guards (issue 12, item 7):
+    - censored optima (grid edge, capped by divergence) are bounds and are left out of the fit;
+    - extrapolate only with ≥ 3 uncensored widths and a significant slope, |b|/b_se > 2; otherwise
+      the widest uncensored optimum is used as is (µP's choice) and the notes say why;
+    - the extrapolation is bounded by its prediction interval x̂ ± q·se (q: diagnostics'
+      interval_quantile): when that is wider than ×/÷ MAX_EXTRAPOLATION_FACTOR, the end of the
+      interval nearest the widest uncensored optimum is used — the smallest move the evidence
+      demands — with a warning. Assumption: past that width the midpoint is a guess."""
     src = source_width(ev, target)
     hps = base_hps(ev, src)
     widths = sorted(ev.optima)
@@ -185,13 +241,10 @@ def power_law_rule(ev: Evidence, target: Target) -> RuleResult:
         for hp in ev.optima[src]:
             if hp not in LOG_SCALE:
                 continue
-            se = [ev.log_se.get(w, {}).get(hp) for w in widths]
-            f = fit_log_linear(widths, [math.log(ev.optima[w][hp]) for w in widths], se)
-            hps[hp] = math.exp(f.predict(target.width))
-            pse = f.predict_se(target.width)
-            notes.append(f"{hp}: log {hp}* = {f.a:.4g} {f.b:+.4g}·log n over widths {widths}"
-                         + (f" (slope ± {f.b_se:.2g}; ×/÷ {math.exp(pse):.3g} at the target)" if pse else "")
-                         + f" → {hps[hp]:.4g} at width {target.width}")
+            value, note, warning = _extrapolate(ev, hp, widths, target.width)
+            hps[hp] = value
+            notes.append(note)
+            warnings += [warning] if warning else []
         if target.width / max(widths) > 32:
             warnings.append(f"extrapolating the power law {target.width / max(widths):.0f}× beyond the widest "
                             "swept width; add a wider proxy")
@@ -201,6 +254,28 @@ def power_law_rule(ev: Evidence, target: Target) -> RuleResult:
     res.notes += notes
     res.warnings += warnings
     return res
+
+
+def _extrapolate(ev: Evidence, hp: str, widths: list[int], target_width: int) -> tuple[float, str, str | None]:
+    """(value at the target, note, warning or None) for one log-scale hyperparameter (power_law_rule)."""
+    ok = [w for w in widths if not ev.censored.get(w, {}).get(hp)]
+    left_out = f"; censored widths {sorted(set(widths) - set(ok))} left out" if len(ok) < len(widths) else ""
+    if not ok:
+        return (ev.optima[max(widths)][hp], f"{hp}: every optimum is censored (a bound): widest width's bound used",
+                f"power-law: every {hp} optimum is on a grid edge or capped by divergence; extend sweep.grid.{hp}")
+    widest = ev.optima[max(ok)][hp]
+    if len(ok) < 3:
+        return widest, f"{hp}: {len(ok)} uncensored widths, too few to fit a slope: widest uncensored optimum "                        f"{widest:.4g} (width {max(ok)}) used{left_out}", None
+    f = fit_log_linear(ok, [math.log(ev.optima[w][hp]) for w in ok], [ev.log_se.get(w, {}).get(hp) for w in ok])
+    fit_txt = f"log {hp}* = {f.a:.4g} {f.b:+.4g}(±{f.b_se:.2g})·log n over widths {ok}{left_out}"
+    if not (f.b != 0 and (f.b_se == 0 or abs(f.b) / f.b_se > 2)):
+        return widest, f"{hp}: slope not significant ({fit_txt}): widest uncensored optimum {widest:.4g} "                        f"(width {max(ok)}) used", None
+    x_hat, half = f.predict(target_width), interval_quantile(f) * (f.predict_se(target_width) or 0.0)
+    lo, hi = x_hat - half, x_hat + half
+    if half <= math.log(MAX_EXTRAPOLATION_FACTOR):
+        return math.exp(x_hat), f"{hp}: {fit_txt} → {math.exp(x_hat):.4g} at width {target_width} "                                 f"(95% interval {math.exp(lo):.4g}–{math.exp(hi):.4g})", None
+    value = math.exp(min(max(math.log(widest), lo), hi))
+    return value, f"{hp}: {fit_txt} → {math.exp(x_hat):.4g} at width {target_width}, but its 95% interval "                   f"{math.exp(lo):.4g}–{math.exp(hi):.4g} is wider than ×/÷{MAX_EXTRAPOLATION_FACTOR:g}: {value:.4g} used "                   f"(the end nearest the widest uncensored optimum {widest:.4g})",         f"power-law: the extrapolated {hp} is uncertain by more than ×/÷{MAX_EXTRAPOLATION_FACTOR:g} at width "         f"{target_width}; used the nearest end of its interval — add a wider proxy or seeds"
 
 
 @register("dp")

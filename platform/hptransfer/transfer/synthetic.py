@@ -1,15 +1,16 @@
 """Synthetic sweeps with a known true optimum, for tests, docs and benchmarks of the engine.
 
 Loss model (paper 2's picture, arXiv 2512.22768): φ_n(ν) = φ_∞ + A·n^−α + κ·(log ν − log ν*(n))²
-with ν*(n) = ν*_∞·exp(B·n^−β) (set B = 0 for a width-invariant optimum, or `drift_exponent` for a
-pure power law ν*(n) = ν0·(n/n0)^b), plus Gaussian noise per trial. Trials with ν above
+with ν*(n) = ν*_∞·exp(B·n^−β) (set B = 0 for a width-invariant optimum, or `power` = b for a
+pure power law ν*(n) = ν0·(n/n0)^b), plus Gaussian noise per trial (std `noise`, independent
+across seeds and grid values: the seed noise of docs/RESEARCH.md, not its chaos). Trials with ν above
 `diverge_above(n)` diverge (NaN loss, status `diverged`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,22 @@ def true_optimum(n: float, nu_inf: float, B: float = 0.0, beta: float = 0.5, pow
     if power is not None:
         return nu_inf * (n / n0) ** power
     return nu_inf * math.exp(B * n ** -beta)
+
+
+def synthetic_trials(n: int, grid, *, nu_inf: float = 3e-3, B: float = 0.0, beta: float = 0.5,
+                     power: float | None = None, n0: float = 64.0, kappa: float = 0.08, phi_inf: float = 2.0,
+                     A: float = 4.0, alpha: float = 0.5, noise: float = 0.0, n_seeds: int = 1,
+                     diverge_above: float | None = None,
+                     rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One width's trials as arrays (values, losses, diverged), seeds repeated per grid value: the
+    fast path for calibration tests that draw thousands of sweeps (no DataFrame per draw)."""
+    rng = rng if rng is not None else np.random.default_rng(0)
+    v = np.repeat(np.asarray(grid, float), n_seeds)
+    opt = true_optimum(n, nu_inf, B, beta, power, n0)
+    loss = phi_inf + A * n ** -alpha + kappa * (np.log(v) - math.log(opt)) ** 2 + noise * rng.standard_normal(len(v))
+    div = v > diverge_above if diverge_above is not None else np.zeros(len(v), bool)
+    loss[div] = np.nan
+    return v, loss, div
 
 
 def synthetic_sweep(widths, grid, *, nu_inf: float = 3e-3, B: float = 0.0, beta: float = 0.5,

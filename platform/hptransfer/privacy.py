@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 class DPConfig(BaseModel):
     """Privacy and compute budget for DP fine-tuning (paper 1: Rehn et al., arXiv 2510.20616)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     epsilon: float = Field(..., gt=0, description="Target ε of the whole fine-tuning run (ε > 0).")
     dataset_size: int | None = Field(None, ge=1, description="N, the number of private training examples. Null: derived from the task's data when the plan is made (`with_dataset_size`).")

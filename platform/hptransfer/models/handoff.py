@@ -1,0 +1,167 @@
+"""The large run's hand-off folder: Hugging Face weights that give the run's logits without
+hptransfer, plus what hptransfer needs to continue µP training from them.
+
+Why a fold. µP's readout (`mup.MuReadout`) computes `W · (output_mult · x / width_mult)`, and SP's
+`ScaledReadout` computes `W · (output_mult · x)`; `save_pretrained` stores only `W`, and a plain
+`from_pretrained` rebuilds the head as `nn.Linear` computing `W · x` — logits `width_mult /
+output_mult` times too large (16× for the quickstart: loss 23.4 instead of 2.84). Since
+`W · (c·x) = (c·W) · x`, we save `c·W` with `c = output_mult / width_mult` (SP: `output_mult`) and
+any consumer (`from_pretrained`, vLLM, lm-eval-harness) computes the run's logits. A bias is added
+after the product, so it is saved as it is.
+
+Tied embeddings (`MuSharedReadout`, the readout weight *is* the input embedding): folding `c` into
+the shared matrix would also scale the embeddings, so a folded tied model is saved *untied*
+(`tie_word_embeddings: false`, its own `lm_head.weight = c·E`); `load_handoff` ties it again.
+
+The folder also holds `mup_base_shapes.bsh` (mup's own format, from the live model's `infshape`s),
+`hptransfer_handoff.json` (readout kind, output_mult, width_mult, the fold factor) and the plan
+(`transfer_plan.yaml`), so `load_handoff` rebuilds the µP readout with the un-folded weight and sets
+base shapes with `rescale_params=False`: µP training continues where it stopped, and its logits
+equal plain transformers' logits.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hptransfer.io import write_json, write_yaml
+from hptransfer.spec import ModelSpec
+from hptransfer.study import StudyPaths
+
+HANDOFF_FILE = "hptransfer_handoff.json"
+BASE_SHAPES_FILE = "mup_base_shapes.bsh"
+PLAN_FILE = StudyPaths(Path(".")).plan.name  # the plan, named as in a study folder
+HANDOFF_VERSION = 1
+
+
+def readout_scale(head: nn.Module) -> tuple[str, float, float]:
+    """(kind, output_mult, width_mult) of a readout: what multiplies its input before `W`."""
+    from mup import MuReadout
+
+    if isinstance(head, MuReadout):
+        assert hasattr(head.weight, "infshape"), "µP readout without base shapes: did you forget `set_base_shapes`?"
+        return "MuReadout", float(head.output_mult), float(head.width_mult())
+    if type(head) is nn.Linear:
+        return "Linear", 1.0, 1.0
+    if isinstance(head, nn.Linear) and hasattr(head, "output_mult"):
+        return type(head).__name__, float(head.output_mult), 1.0  # SP's ScaledReadout: W · (output_mult · x)
+    raise TypeError(f"cannot fold readout {type(head).__name__}: handoff knows nn.Linear, MuReadout and "
+                    "Linear subclasses that multiply their input by `output_mult`")
+
+
+def _tied(model: nn.Module) -> bool:
+    return model.get_output_embeddings().weight is model.get_input_embeddings().weight
+
+
+def save_handoff(model: nn.Module, out_dir: str | Path, *, spec_model: ModelSpec, width: int, base_width: int,
+                 plan_dict: dict[str, Any] | None = None) -> Path | None:
+    """Write `out_dir` so that plain `AutoModelForCausalLM.from_pretrained(out_dir)` gives `model`'s
+    logits, and `load_handoff(out_dir)` gives back the µP model. The live model is not changed.
+
+    Models without `save_pretrained` (the `mlp` family's ByteMLP) have no Hugging Face form:
+    nothing is written and None is returned."""
+    if not hasattr(model, "save_pretrained"):
+        return None
+    out = Path(out_dir)
+    head = model.get_output_embeddings()
+    kind, output_mult, width_mult = readout_scale(head)
+    if kind == "MuReadout" and abs(width_mult - width / base_width) > 1e-9 * width_mult:
+        raise ValueError(f"readout width_mult {width_mult:g} != width / base_width = {width}/{base_width}; "
+                         "pass the run's target width and base width")
+    scale = output_mult / width_mult
+    tied = _tied(model)
+    untie = tied and scale != 1.0
+    if untie and kind != "MuReadout":
+        raise NotImplementedError(f"tied {kind} readout with output_mult={output_mult:g}: cannot fold without "
+                                  "untying; use output_mult=1 or untied embeddings")
+    state = model.state_dict()
+    key = next(n for n, m in model.named_modules() if m is head) + ".weight"
+    w = head.weight.detach()
+    state[key] = (w.double() * scale).to(w.dtype)  # a new tensor: no longer shares the embedding
+    tie_before = getattr(model.config, "tie_word_embeddings", False)
+    try:
+        model.config.tie_word_embeddings = tie_before and not untie
+        model.save_pretrained(str(out), state_dict=state)
+    finally:
+        model.config.tie_word_embeddings = tie_before
+    bsh = out / BASE_SHAPES_FILE
+    bsh.unlink(missing_ok=True)
+    if kind == "MuReadout":
+        from mup.shape import save_base_shapes
+
+        save_base_shapes(model, str(bsh))  # the live model's base shapes, keyed by parameter name
+    if plan_dict is not None:
+        write_yaml(out / PLAN_FILE, plan_dict)
+    write_json(out / HANDOFF_FILE, {
+        "version": HANDOFF_VERSION,
+        "note": "lm_head.weight holds folded_scale × the trained readout weight: plain transformers gives the run's "
+                "logits. hptransfer.models.handoff.load_handoff(dir) restores the µP readout for further training.",
+        "model": spec_model.model_dump(mode="json"), "width": width, "base_width": base_width,
+        "readout": {"kind": kind, "output_mult": output_mult, "width_mult": width_mult, "folded_scale": scale,
+                    "bias": head.bias is not None, "tied": tied, "untied_on_save": untie},
+        "base_shapes": BASE_SHAPES_FILE if kind == "MuReadout" else None,
+        "plan": PLAN_FILE if plan_dict is not None else None,
+    })
+    return out
+
+
+def read_handoff(out_dir: str | Path) -> dict[str, Any]:
+    path = Path(out_dir) / HANDOFF_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: {out_dir} was not written by save_handoff (a folder from an older "
+                                "hptransfer holds an un-folded lm_head); re-export it from the run's checkpoint")
+    meta = json.loads(path.read_text())
+    if meta.get("version") != HANDOFF_VERSION:
+        raise ValueError(f"{path}: handoff version {meta.get('version')!r}, this hptransfer reads {HANDOFF_VERSION}")
+    return meta
+
+
+def _unfolded_readout(model: nn.Module, r: dict[str, Any]) -> nn.Module:
+    """The run's readout module, holding `saved / folded_scale`."""
+    from mup import MuReadout, MuSharedReadout
+
+    saved = model.get_output_embeddings()
+    weight = (saved.weight.detach().double() / r["folded_scale"]).to(saved.weight.dtype)
+    if r["untied_on_save"]:
+        embed = model.get_input_embeddings().weight
+        if not torch.allclose(weight, embed.detach(), rtol=1e-4, atol=1e-6):
+            raise ValueError("handoff says the readout was tied, but lm_head / folded_scale differs from the embedding")
+        model.config.tie_word_embeddings = True
+        return MuSharedReadout(embed, bias=r["bias"], output_mult=r["output_mult"])
+    if r["kind"] == "MuReadout":
+        head = MuReadout(saved.in_features, saved.out_features, bias=r["bias"], output_mult=r["output_mult"])
+    else:
+        from hptransfer.models.build import ScaledReadout
+
+        head = ScaledReadout(saved.in_features, saved.out_features, r["output_mult"])
+    head = head.to(dtype=saved.weight.dtype, device=saved.weight.device)
+    with torch.no_grad():
+        head.weight.copy_(weight)
+        if r["bias"]:
+            head.bias.copy_(saved.bias)
+    return head
+
+
+def load_handoff(out_dir: str | Path) -> nn.Module:
+    """The model `save_handoff` wrote, as the run had it: µP readout with the un-folded weight and
+    base shapes set (`rescale_params=False`), ready for `build_optimizer`. Its logits equal plain
+    transformers' logits on the same folder. Returned in eval mode, as `from_pretrained` returns it."""
+    from transformers import AutoModelForCausalLM
+
+    meta = read_handoff(out_dir)
+    r = meta["readout"]
+    model = AutoModelForCausalLM.from_pretrained(str(out_dir))
+    if r["kind"] != "Linear":
+        model.set_output_embeddings(_unfolded_readout(model, r).train(model.training))
+    if r["kind"] == "MuReadout":
+        from mup import set_base_shapes
+
+        set_base_shapes(model, str(Path(out_dir) / meta["base_shapes"]), rescale_params=False)
+        wm = model.get_output_embeddings().width_mult()
+        assert abs(wm - r["width_mult"]) <= 1e-9 * wm, f"base shapes give width_mult {wm}, handoff says {r['width_mult']}"
+    return model

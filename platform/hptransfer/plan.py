@@ -1,0 +1,99 @@
+"""`transfer_plan.yaml`: everything the large run needs, format-neutral, plus the evidence.
+
+The plan is self-contained (model shape, data, hyperparameters, train settings) so `hpt train PLAN`
+needs no spec, and a user can read, edit or hand it off.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hptransfer.errors import PlanError, Problem, problems_from_validation
+from hptransfer.hyperparameters import TUNABLE, Hyperparameters
+from hptransfer.io import write_yaml
+from hptransfer.spec import MAX_STEPS, RULE_NAMES, DataSpec, ModelSpec, TrainSpec
+
+__all__ = ["PLAN_VERSION", "PlanError", "TargetShape", "TransferPlan", "load_plan", "save_plan"]
+
+PLAN_VERSION = 1
+
+
+class TargetShape(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    width: int = Field(ge=1)
+    steps: int = Field(ge=1, le=MAX_STEPS)
+    batch_size: int = Field(ge=1, le=1_000_000, description="Global batch in sequences.")
+    seq_len: int = Field(ge=1)
+
+
+class TransferPlan(BaseModel):
+    # Strict: a hand-edited `hyperparamters:` is a typo, not a new field; NaN/inf are never a setting.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    version: int = Field(PLAN_VERSION, ge=PLAN_VERSION, le=PLAN_VERSION, description="Plan format version.")
+    study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    rule: str
+    model: ModelSpec  # family, depth, parametrization, ... (width comes from `target`)
+    base_width: int = Field(description="µP base width the target's width_mult is relative to.")
+    target: TargetShape
+    hyperparameters: dict[str, float] = Field(description="Target run's lr, weight_decay, warmup_steps, beta1, beta2 (+ any tuned); under µP these are base-width values.")
+    param_group_multipliers: dict[str, dict[str, float]] = Field(default_factory=dict, description="Per parameter group factors on lr / weight_decay set by the rule (µP: hidden matrices lr/m, wd·m); for exports to trainers without `mup`.")
+    schedule: dict[str, Any] | None = Field(None, description="`base`: the LR schedule (linear warmup, cosine to a final fraction); `kind`: a multiplicative warmup on top of it (`sp-warmup`) or `none`; apply with transfer.schedule.warmup_multiplier(step, plan).")
+    heuristics: list[dict[str, Any]] = Field(default_factory=list, description="Rules of thumb applied for a batch/steps change, each with its factor and source.")
+    baselines: dict[str, Any] = Field(default_factory=dict, description="DeepSeek and Step-Law LR/batch for the target, for comparison.")
+    data: DataSpec
+    train: TrainSpec
+    diagnostics: dict[str, Any] = Field(default_factory=dict)
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    seed: int = 0
+    dp: dict[str, Any] | None = Field(None, description="Rule `dp`: the DP plan (B, T, σ, C grid, σ√T table).")
+
+    @field_validator("rule")
+    @classmethod
+    def _rule(cls, v: str) -> str:
+        if v not in RULE_NAMES:
+            raise ValueError(f"unknown rule {v!r}; one of {sorted(RULE_NAMES)}")
+        return v
+
+    @field_validator("hyperparameters")
+    @classmethod
+    def _hps(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - TUNABLE)
+        if unknown:
+            raise ValueError(f"unknown hyperparameter(s) {unknown}; tunable ones are {sorted(TUNABLE)}")
+        Hyperparameters.model_validate(v)  # ranges (lr > 0, 0 ≤ beta < 1, ...)
+        return v
+
+    @property
+    def hps(self) -> Hyperparameters:
+        """The plan's hyperparameters, typed (defaults filled in)."""
+        return Hyperparameters.of(self.hyperparameters)
+
+
+def save_plan(plan: TransferPlan, path: str | Path) -> Path:
+    return write_yaml(path, plan.model_dump(mode="json"))
+
+
+def parse_plan(data: Any, source: str = "<plan>") -> TransferPlan:
+    if not isinstance(data, dict):
+        raise PlanError(source, [Problem("", "a plan must be a YAML mapping", type(data).__name__)])
+    try:
+        return TransferPlan.model_validate(data)
+    except ValidationError as e:
+        raise PlanError(source, problems_from_validation(e, allowed_keys=lambda loc: sorted(TransferPlan.model_fields)
+                                                         if len(loc) == 1 else [])) from None
+
+
+def load_plan(path: str | Path) -> TransferPlan:
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(str(path), [Problem("", "plan not found", str(path),
+                                            "make one with `hpt transfer --study-dir DIR` (or `hpt run SPEC`)")])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise PlanError(str(path), [Problem("", f"not valid YAML: {e}")]) from None
+    return parse_plan(data, str(path))
