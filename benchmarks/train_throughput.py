@@ -19,6 +19,16 @@ The machine is shared: the 1-minute load average around each part is recorded.
 
 Run: .venv/bin/python benchmarks/train_throughput.py   → benchmarks/results/train_throughput.json
      (~3 min on 2 idle cores; `--steps 4 --width 64` for a smoke run)
+
+`--mlflow` (issue 15) measures instead what rank 0's MLflow logging costs the large run: the real
+`run_train` with a blocking MLflow write every step (`mlflow_every=1`, the loop before issue 15)
+against the default batches of ceil(steps / 50) steps, alternated A B A B on one Ray so that a
+drifting machine load hits both alike; per variant the seconds rank 0 spent in MLflow writes (the
+loop's own timer), the writes, the loop time and the steady tokens/s, then the ratios batched ÷
+per-step. The MLflow store is the study's SQLite file (the quickstart's default) unless
+`--tracking-uri` names a server. Both variants must leave every step's `train_loss` in MLflow.
+
+     .venv/bin/python benchmarks/train_throughput.py --mlflow   → benchmarks/results/train_mlflow_batching.json
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import platform as _platform
 import shutil
@@ -56,8 +67,8 @@ def machine_info(argv: list[str]) -> dict:
 
 
 def make_plan(width: int, steps: int, batch: int, seq_len: int):
-    from hptransfer.spec import parse_spec
     from hptransfer.plan import TargetShape, TransferPlan
+    from hptransfer.spec import parse_spec
 
     spec = parse_spec({
         "name": "bench-train",
@@ -86,14 +97,14 @@ def plain_loop(plan, threads: int) -> dict:
     import torch
 
     from hptransfer.data import load_corpus
-    from hptransfer.models import build_model, build_optimizer, lm_logits, lr_schedule, param_count
+    from hptransfer.models import lm_logits, param_count, training_setup
 
     torch.set_num_threads(threads)
-    hps, steps, B, T = plan.hyperparameters, plan.target.steps, plan.target.batch_size, plan.target.seq_len
+    steps, B, T = plan.target.steps, plan.target.batch_size, plan.target.seq_len
     t_setup = time.perf_counter()
-    model = build_model(plan.model, plan.target.width, base_width=plan.base_width, seed=plan.seed)
-    opt = build_optimizer(model, plan.model.parametrization, hps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_schedule(s, steps, hps["warmup_steps"]))
+    run = training_setup(plan.model, plan.target.width, base_width=plan.base_width, hps=plan.hps, total_steps=steps,
+                         seed=plan.seed)
+    model, opt, sched = run.model, run.optimizer, run.scheduler()
     corpus = load_corpus(plan.data.val_fraction, plan.data.max_files)
     setup_s = time.perf_counter() - t_setup
     step_s, loss = [], None
@@ -105,7 +116,7 @@ def plain_loop(plan, threads: int) -> dict:
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), hps["grad_clip"])
+        run.clip_gradients()
         opt.step()
         sched.step()
         step_s.append(time.perf_counter() - ts)
@@ -118,13 +129,16 @@ def plain_loop(plan, threads: int) -> dict:
 
 # ---- 2. the real `hpt train` ----------------------------------------------------------------
 
-def hpt_train(plan, out: Path) -> dict:
+def hpt_train(plan, out: Path, tracking_uri: str | None = None, **knobs) -> dict:
+    from hptransfer.study import Study
+    from hptransfer.train.loop import MLFLOW_WRITES
     from hptransfer.train.runner import run_train
 
+    study = Study(None, out, name=plan.study, tracking_uri=tracking_uri)
     t0 = time.perf_counter()
-    metrics = run_train(plan, out, log=lambda m: None)
+    metrics = run_train(study, plan, log=lambda m: None, **knobs)
     total = time.perf_counter() - t0
-    tm = json.loads((out / "train_metrics.json").read_text())
+    tm = json.loads(study.paths.train.metrics.read_text())
     hist = tm["history"]
     B, T = plan.target.batch_size, plan.target.seq_len
     # history holds the cumulative rate per step: recover each step's end time, then the tail rate.
@@ -136,7 +150,10 @@ def hpt_train(plan, out: Path) -> dict:
             "loop_s": round(loop_s, 2), "outside_loop_s": round(total - loop_s, 2),
             "tokens_per_s": round(tm["final"]["tokens_per_s"], 1), "steady_tokens_per_s": round(steady, 1),
             "end_to_end_tokens_per_s": round(plan.target.steps * B * T / total, 1),
-            "final_train_loss": round(metrics["train_loss"], 4), "status": metrics.get("status")}
+            "final_train_loss": round(metrics["train_loss"], 4), "status": metrics.get("status"),
+            "mlflow": {k: tm["final"].get(k) for k in ("mlflow_log_s", "mlflow_writes", "mlflow_first_write_s")},
+            "mlflow_every": knobs.get("mlflow_every") or math.ceil(plan.target.steps / MLFLOW_WRITES),
+            "mlflow_run_id": metrics["mlflow_run_id"], "tracking_uri": study.tracking_uri}
 
 
 # ---- 3. instrumented twin -------------------------------------------------------------------
@@ -151,23 +168,23 @@ def twin_loop(config: dict) -> None:
 
     from hptransfer.data import load_corpus
     from hptransfer.io import write_json
-    from hptransfer.models import build_model, build_optimizer, lm_logits, lr_schedule
-    from hptransfer.train.dsconfig import deepspeed_config
+    from hptransfer.models import lm_logits, training_setup
     from hptransfer.plan import TransferPlan
+    from hptransfer.train.dsconfig import deepspeed_config
 
     t_import = time.time()
     plan = TransferPlan.model_validate(config["plan"])
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(1)
-    hps, steps, B, T = plan.hyperparameters, plan.target.steps, plan.target.batch_size, plan.target.seq_len
-    model = build_model(plan.model, plan.target.width, base_width=plan.base_width, seed=plan.seed)
-    optimizer = build_optimizer(model, plan.model.parametrization, hps)
+    steps, B, T = plan.target.steps, plan.target.batch_size, plan.target.seq_len
+    run = training_setup(plan.model, plan.target.width, base_width=plan.base_width, hps=plan.hps, total_steps=steps,
+                         seed=plan.seed)
+    model = run.model
     ds_cfg = deepspeed_config(plan, world)
     t_model = time.time()
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=ds_cfg,
-        lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_schedule(s, steps, hps["warmup_steps"])))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=run.optimizer, config=ds_cfg,
+                                           lr_scheduler=lambda opt: run.scheduler(opt))
     t_ds = time.time()
     corpus = load_corpus(plan.data.val_fraction, plan.data.max_files)
     numel = sum(p.numel() for p in model.parameters())
@@ -231,14 +248,60 @@ def twin(plan, out: Path) -> dict:
     return {"fit_s": round(fit_s, 2), "rank0": ranks[0], "rank1": ranks[1]}
 
 
+# ---- --mlflow: per-step MLflow writes against batched ones ------------------------------------
+
+def _median(runs: list[dict], key) -> float:
+    return round(statistics.median(key(r) for r in runs), 4)
+
+
+def mlflow_compare(plan, work: Path, repeats: int, tracking_uri: str | None) -> dict:
+    from mlflow import MlflowClient
+
+    runs: dict[str, list[dict]] = {"per_step": [], "batched": []}
+    for i in range(repeats):
+        for name, every in (("per_step", 1), ("batched", None)) if i % 2 == 0 else (("batched", None), ("per_step", 1)):
+            r = hpt_train(plan, work / f"{name}_{i}", mlflow_every=every, tracking_uri=tracking_uri)
+            steps = [m.step for m in MlflowClient(r["tracking_uri"]).get_metric_history(r["mlflow_run_id"], "train_loss")]
+            r["mlflow_history_complete"] = sorted(steps) == list(range(1, plan.target.steps + 1))
+            print(f"[train_throughput --mlflow] {name} #{i}: {r}", flush=True)
+            runs[name].append(r)
+    summary = {}
+    for name, rs in runs.items():
+        m = [r["mlflow"] for r in rs]
+        summary[name] = {
+            "mlflow_every": rs[0]["mlflow_every"], "mlflow_writes": m[0]["mlflow_writes"],
+            "mlflow_log_s": _median(m, lambda x: x["mlflow_log_s"]),
+            "mlflow_first_write_s": _median(m, lambda x: x["mlflow_first_write_s"]),
+            # the first write opens MLflow's store (both variants pay it once); the rest is per write
+            "mlflow_ms_per_later_write": _median(m, lambda x: 1000 * (x["mlflow_log_s"] - x["mlflow_first_write_s"])
+                                                 / max(1, x["mlflow_writes"] - 1)),
+            "mlflow_ms_per_step": _median(m, lambda x: 1000 * x["mlflow_log_s"] / plan.target.steps),
+            "loop_s": _median(rs, lambda r: r["loop_s"]), "steady_tokens_per_s": _median(rs, lambda r: r["steady_tokens_per_s"]),
+            "mlflow_share_of_loop": _median(rs, lambda r: r["mlflow"]["mlflow_log_s"] / r["loop_s"]),
+            "mlflow_history_complete": all(r["mlflow_history_complete"] for r in rs)}
+    a, b = summary["per_step"], summary["batched"]
+    return {"variants": summary, "runs": runs,
+            "ratio_batched_over_per_step": {
+                "mlflow_log_s": round(b["mlflow_log_s"] / a["mlflow_log_s"], 3),
+                "mlflow_writes": round(b["mlflow_writes"] / a["mlflow_writes"], 3),
+                "loop_s": round(b["loop_s"] / a["loop_s"], 3),
+                "steady_tokens_per_s": round(b["steady_tokens_per_s"] / a["steady_tokens_per_s"], 3)}}
+
+
 def main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--width", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=None, help="default 20; 160 (the quickstart's) with --mlflow")
     ap.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
     ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_throughput.json"))
+    ap.add_argument("--mlflow", action="store_true", help="compare per-step MLflow writes with batched ones instead")
+    ap.add_argument("--repeats", type=int, default=1, help="--mlflow: runs per variant (alternated)")
+    ap.add_argument("--tracking-uri", default=None, help="--mlflow: an MLflow server; default each run's SQLite file")
+    ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    results = ROOT / "benchmarks" / "results"
+    args.out = args.out or str(results / ("train_mlflow_batching.json" if args.mlflow else "train_throughput.json"))
+    args.steps = args.steps or (160 if args.mlflow else 20)
 
     from hptransfer.env import configure
     from hptransfer.io import write_json
@@ -248,6 +311,24 @@ def main(argv: list[str]) -> dict:
     configure()
     info = machine_info([str(Path(__file__).relative_to(ROOT)), *argv])
     plan = make_plan(args.width, args.steps, args.batch, args.seq_len)
+    if args.mlflow:
+        work = Path(tempfile.mkdtemp(prefix="hpt_bench_mlflow_"))
+        load0 = os.getloadavg()[0]
+        try:
+            with ray_session(RaySpec(num_cpus=WORKERS, object_store_mb=256)):
+                cmp = mlflow_compare(plan, work, args.repeats, args.tracking_uri)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        result = {"benchmark": "train_mlflow_batching",
+                  "machine": {**info, "loadavg_1min": {"start": round(load0, 2), "end": round(os.getloadavg()[0], 2)}},
+                  "setup": {"model": f"llama µP depth {plan.model.depth}, head_dim {plan.model.head_dim}", "width": args.width,
+                            "global_batch": args.batch, "seq_len": args.seq_len, "steps": args.steps, "workers": WORKERS,
+                            "zero_stage": 1, "tracking": args.tracking_uri or "sqlite (each run's study folder)",
+                            "repeats": args.repeats}, **cmp}
+        write_json(args.out, result)
+        print(f"[train_throughput --mlflow] {json.dumps(cmp['variants'])}\n  ratios {cmp['ratio_batched_over_per_step']}; "
+              f"wrote {args.out}", flush=True)
+        return result
     work = Path(tempfile.mkdtemp(prefix="hpt_bench_train_"))
     loads = {"before_plain": os.getloadavg()[0]}
     try:

@@ -37,7 +37,7 @@ def tiny_spec_dict(**over) -> dict:
         "name": "tiny",
         "model": {"family": "mlp", "depth": 2, "head_dim": 8, "seq_len": 16, "parametrization": "mup"},
         "data": {"max_files": 40, "eval_batches": 2},
-        "sweep": {"widths": [16, 32], "grid": {"lr": [0.003, 0.03, 0.3]}, "steps": 12, "batch_size": 8,
+        "sweep": {"widths": [16, 32], "grid": {"lr": [0.003, 0.03, 0.3]}, "steps": 12, "batch_size": 8, "noise_seeds": 0,
                   "fixed": {"warmup_steps": 2}},
         "target": {"width": 64, "steps": 6, "batch_size": 8},
         "train": {"workers": 2, "zero_stage": 1, "eval_every": 3},

@@ -105,3 +105,24 @@ def test_a_trial_that_raises_is_recorded_as_failed_and_the_sweep_goes_on(ray_loc
     assert (bad.status == "failed").all() and bad.val_loss.isna().all()
     assert bad.error.str.contains("beta").all()
     assert (good.status == "ok").all()
+
+
+def test_the_sweep_measures_its_own_noise_at_each_best_point(ray_local, tmp_path):
+    from hptransfer.pipeline import transfer_stage
+    from hptransfer.spec import parse_spec
+    from hptransfer.sweep.runner import run_sweep
+
+    spec = parse_spec(tiny_spec_dict(name="noise", sweep={"grid": {"lr": [0.003, 0.03]}, "noise_seeds": 2, "steps": 8}))
+    study = Study.from_spec(spec, tmp_path)
+    df, _ = run_sweep(study)
+    assert len(df) == 2 * 2 + 2 * 2 and df.replicate.sum() == 4
+    for w, g in df.groupby("width"):
+        best_lr = g[~g.replicate].sort_values("val_loss").lr.iloc[0]
+        reps = g[g.replicate]
+        assert set(reps.seed) == {1, 2} and (reps.lr == best_lr).all()  # new seeds, at the best grid point
+    assert len(pd.read_csv(study.paths.sweep_results)) == 8
+    study.paths.spec.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
+    plan = transfer_stage(study)
+    for w in ("16", "32"):
+        fit = plan.diagnostics["optimum_by_width"][w]["lr"]
+        assert fit["noise_source"] == "seed replicates" and fit["noise"] > 0 and fit["n_seeds"] == 3

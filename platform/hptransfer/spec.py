@@ -7,6 +7,7 @@ value and what is allowed (`hpt validate SPEC`). Defaults live on the fields, no
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -33,21 +34,144 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+BYTE_VOCAB = 256  # the `byte` tokenizer: one token per UTF-8 byte
+
+
 class ModelSpec(_Strict):
-    family: Literal["llama", "mlp"] = Field("llama", description="`llama`: HF LlamaForCausalLM built from a config; `mlp`: a small byte-level MLP LM for fast tests.")
-    depth: int = Field(2, ge=1, le=128, description="Number of transformer blocks (llama) or hidden layers (mlp).")
-    head_dim: int = Field(16, ge=4, le=256, description="llama: fixed head size; width = n_heads × head_dim, so attention scaling stays right as width grows.")
+    family: Literal["hf", "llama", "mlp"] = Field("llama", description="`llama`: HF LlamaForCausalLM built from a fixed config; `hf`: any Hugging Face causal LM built from `config` (hptransfer.models.families says how width maps onto each architecture); `mlp`: a small per-position MLP LM for fast tests.")
+    config: dict[str, Any] | None = Field(None, description="family hf: the architecture, as an inline mapping with `model_type` and config fields (e.g. {model_type: qwen2, num_attention_heads: 4, num_key_value_heads: 1}) or the path of a local config.json (or its folder), read when the spec is loaded and kept inline in the plan. The ladder sets the width fields (hidden, FFN, heads, KV heads keeping this config's GQA group size, head size), the layer count (`depth`), positions (`seq_len`) and the vocabulary (the tokenizer's); everything else is used as given.")
+    depth: int = Field(2, ge=1, le=128, description="Number of transformer blocks (llama; hf, where it overrides the config's layer count) or hidden layers (mlp).")
+    head_dim: int = Field(16, ge=4, le=256, description="llama, hf: fixed head size; width = n_heads × head_dim, so attention scaling stays right as width grows.")
+    n_heads: int | None = Field(None, ge=1, description="hf: a fixed number of attention heads instead, so the head size width / n_heads grows with width (pair it with attn_scale: 1/d). Default: heads = width / head_dim.")
+    attn_scale: Literal["1/sqrt(d)", "1/d"] = Field("1/sqrt(d)", description="hf: attention logits q·k/√d (standard) or q·k/d, µP's rule when the head size d grows (written √d_base/d: the base width is unchanged).")
     ffn_mult: float = Field(4.0, gt=0, le=64, description="Feed-forward hidden size as a multiple of width.")
-    seq_len: int = Field(64, ge=8, le=8192, description="Context length in bytes.")
-    parametrization: Literal["sp", "mup"] = Field("mup", description="`mup`: µP via the `mup` package (MuReadout, base shapes, MuAdamW); `sp`: standard parametrization.")
+    seq_len: int = Field(64, ge=8, le=8192, description="Context length in tokens (bytes for the `byte` tokenizer).")
+    parametrization: Literal["sp", "mup"] = Field("mup", description="`mup`: µP via the `mup` package (MuReadout, or MuSharedReadout for tied embeddings; base shapes; MuAdamW); `sp`: standard parametrization.")
     base_width: int | None = Field(None, ge=1, description="µP base width (width_mult = width / base_width). Default: the narrowest swept width.")
+    vocab_size: int | None = Field(None, ge=2, le=10_000_000, description="Vocabulary size. Default: data.tokenizer's (256 for `byte`), filled in when the spec is loaded; a larger value pads the embedding.")
+
+    @field_validator("config", mode="before")
+    @classmethod
+    def _config(cls, v: Any) -> Any:
+        if isinstance(v, (str, Path)):
+            return _read_config_json(v)
+        if isinstance(v, dict) and not isinstance(v.get("model_type"), str):
+            raise ValueError("an inline model.config needs `model_type` (e.g. llama, mistral, qwen2, gpt2, gpt_neox)")
+        return v
+
+    @model_validator(mode="after")
+    def _family(self) -> "ModelSpec":
+        if self.family != "hf":
+            given = [k for k in ("config", "n_heads") if getattr(self, k) is not None]
+            given += ["attn_scale"] if self.attn_scale != "1/sqrt(d)" else []
+            if given:
+                raise ValueError(f"model.{', model.'.join(given)} apply to family hf only (family is {self.family!r}); "
+                                 "remove them or set family: hf")
+            return self
+        if self.config is None:
+            raise ValueError("family hf needs model.config: a mapping with model_type (e.g. {model_type: qwen2}) "
+                             "or the path of a local config.json")
+        problems = _hf_config_problems(self.config)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def vocab(self) -> int:
+        """The vocabulary the model is built with."""
+        return self.vocab_size or BYTE_VOCAB
+
+    def width_problems(self, widths: list[int]) -> list[str]:
+        """Why some widths cannot be built by this family (empty when all can)."""
+        if self.family == "llama":
+            bad = [w for w in widths if w % self.head_dim]
+            return [f"widths {bad} are not multiples of model.head_dim={self.head_dim}; llama width = n_heads × head_dim"] if bad else []
+        if self.family == "hf":
+            from hptransfer.models.families import width_problems
+
+            return width_problems(self, widths)
+        return []
+
+
+def _read_config_json(v: str | Path) -> dict[str, Any]:
+    path = Path(v).expanduser()
+    path = path / "config.json" if path.is_dir() else path
+    if not path.is_file():
+        raise ValueError(f"{path.resolve()} not found; give a local config.json (or its folder) or an inline mapping "
+                         "with model_type")
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("model_type"), str):
+        raise ValueError(f"{path} has no `model_type`; it must be a Hugging Face config.json")
+    return data
+
+
+def _hf_config_problems(config: dict[str, Any]) -> list[str]:
+    from hptransfer.models import families
+
+    mt = config["model_type"]
+    try:
+        cls = families.config_class(mt)
+    except KeyError:
+        return [f"model.config.model_type={mt!r} is unknown to transformers; check the spelling (llama, mistral, "
+                "qwen2, gpt2, gpt_neox, ...) or upgrade transformers"]
+    if not families.is_causal_lm(mt):
+        return [f"model.config.model_type={mt!r} is not a causal LM (AutoModelForCausalLM cannot build it)"]
+    errs = []
+    if "architectures" not in config:  # an inline mapping, not a saved config.json: catch typos
+        unknown = families.unknown_keys(config)
+        if unknown:
+            errs.append(f"model.config has keys {unknown} that {cls.__name__} does not know (typo?)")
+    missing = families.missing_fields(mt)
+    if missing:
+        errs.append(f"model.config.model_type={mt!r} has no config fields {missing} for the width ladder to set; "
+                    "add its field names to hptransfer.models.families.ARCHITECTURES")
+    group = families.gqa_group(config)
+    if group != int(group):
+        errs.append(f"model.config: num_attention_heads is not a multiple of num_key_value_heads (group size {group:g})")
+    return errs
 
 
 class DataSpec(_Strict):
-    corpus: Literal["stdlib"] = Field("stdlib", description="Byte-level LM on the .py files of Python's standard library (ships with every Python).")
-    val_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of files (by stable path hash) held out for validation.")
-    max_files: int | None = Field(400, ge=10, description="Use at most this many files (sorted by hash) to keep start-up fast; null for all.")
+    corpus: Literal["stdlib", "files"] = Field("stdlib", description="`stdlib`: the .py files of Python's standard library (ships with every Python); `files`: your local files (`paths`), read through Hugging Face `datasets` and tokenized once by `hpt data prepare`.")
+    paths: tuple[str, ...] = Field((), description="corpus files: glob patterns of the input files (`**` recurses); relative ones are resolved against the folder hpt runs in.")
+    format: Literal["text", "jsonl", "parquet"] | None = Field(None, description="corpus files: how to read them. `text`: documents are paragraphs (blank-line separated); `jsonl`, `parquet`: one document per row, in `text_field`. Default: by extension (.txt .md .text → text, .jsonl .json → jsonl, .parquet → parquet).")
+    text_field: str = Field("text", min_length=1, description="corpus files, jsonl/parquet: the field (column) holding each document's text.")
+    tokenizer: str = Field("byte", min_length=1, description="`byte`: UTF-8 bytes, vocabulary 256; or a local tokenizer folder (what `tokenizer.save_pretrained(DIR)` writes), loaded with AutoTokenizer. The model's vocabulary follows it.")
+    cache_dir: str = Field("~/.cache/hptransfer/data", description="corpus files: where prepared token files go, one folder per (inputs, format, tokenizer, split); a changed input or tokenizer is prepared again. Sweep trials and every large-run worker read it: on a multi-node cluster put it on shared storage (else each node prepares its own copy on first use).")
+    val_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share held out for validation, by a stable hash of each file path (stdlib) or document text (files).")
+    max_files: int | None = Field(400, ge=10, description="stdlib: use at most this many files (sorted by hash) to keep start-up fast; null for all.")
+    max_epochs: float = Field(100.0, gt=0, description="Refuse a run that would pass over the training tokens more than this many times (steps × batch_size × seq_len / training tokens): a corpus too small for the requested steps.")
     eval_batches: int = Field(8, ge=1, description="Validation batches averaged for val_loss.")
+
+    @field_validator("paths")
+    @classmethod
+    def _absolute_paths(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        # Resolved once, at load: Ray workers run in other folders.
+        return tuple(p if Path(p).expanduser().is_absolute() else str(Path.cwd() / p) for p in v)
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_dir(cls, v: str) -> str:
+        return v if v == "byte" or Path(v).expanduser().is_absolute() else str(Path.cwd() / v)
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _cache_dir(cls, v: str) -> str:
+        return v if v.startswith("~") or Path(v).is_absolute() else str(Path.cwd() / v)
+
+    @model_validator(mode="after")
+    def _corpus(self) -> "DataSpec":
+        if self.corpus == "files" and not self.paths:
+            raise ValueError("corpus files needs data.paths: glob patterns of your files, e.g. ['data/*.jsonl']")
+        if self.corpus == "stdlib":
+            given = [k for k in ("paths", "format") if getattr(self, k)] + (["tokenizer"] if self.tokenizer != "byte" else [])
+            if given:
+                raise ValueError(f"data.{', data.'.join(given)} apply to corpus files (corpus is 'stdlib', bytes of "
+                                 "Python source); set corpus: files or remove them")
+        return self
 
 
 class SweepSpec(_Strict):
@@ -57,6 +181,7 @@ class SweepSpec(_Strict):
     steps: int = Field(100, ge=1, le=MAX_STEPS, description="Training steps per trial.")
     batch_size: int = Field(16, ge=1, le=1_000_000, description="Sequences per step in each trial.")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Seeds per grid point.")
+    noise_seeds: int = Field(3, ge=0, le=32, description="Extra seeds run at each width's best grid point after the grid, so the sweep measures its own loss noise (used by every diagnostic); 0: none.")
     max_trials: int = Field(2000, ge=1, description="Refuse a sweep with more trials than this (widths × grid × seeds); raise it deliberately for a big search.")
     wall_clock_budget_s: float | None = Field(None, gt=0, description="Stop starting new trials after this many seconds (Ray Tune's time budget); finished trials are kept.")
     cpus_per_trial: float = Field(1.0, gt=0, description="Ray CPUs per trial (also torch threads in the trial).")
@@ -113,7 +238,7 @@ class SweepSpec(_Strict):
 
     @property
     def n_trials(self) -> int:
-        return len(self.widths) * len(self.seeds) * math.prod(len(x) for x in self.grid.values())
+        return len(self.widths) * (len(self.seeds) * math.prod(len(x) for x in self.grid.values()) + self.noise_seeds)
 
 
 class TransferSpec(_Strict):
@@ -177,14 +302,21 @@ class StudySpec(_Strict):
     coord_check: CoordCheckSpec = CoordCheckSpec()
     dp: DPConfig | None = Field(None, description="Differentially private fine-tuning budget (see `hpt dp-plan --help`).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _vocab_follows_tokenizer(cls, data: Any) -> Any:
+        """model.vocab_size defaults to the tokenizer's, read once here so the plan carries it."""
+        from hptransfer.data.tokenizer import fill_vocab_size
+
+        return fill_vocab_size(data)
+
     @model_validator(mode="after")
     def _cross(self) -> "StudySpec":
-        errs = []
-        if self.model.family == "llama":
-            bad = [w for w in self.sweep.widths + [self.target.width] if w % self.model.head_dim]
-            if bad:
-                errs.append(f"widths {bad} are not multiples of model.head_dim={self.model.head_dim}; "
-                            "llama width = n_heads × head_dim")
+        errs = self.model.width_problems(sorted({*self.sweep.widths, self.target.width, self.base_width}))
+        if self.data.tokenizer != "byte":
+            from hptransfer.data.tokenizer import tokenizer_problems
+
+            errs += tokenizer_problems(self.data.tokenizer, self.model.vocab_size)
         if self.target.width < self.sweep.widths[-1]:
             errs.append(f"target.width={self.target.width} is narrower than the widest swept width "
                         f"{self.sweep.widths[-1]}; transfer goes to a wider model")

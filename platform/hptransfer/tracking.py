@@ -87,12 +87,13 @@ class MlflowTracker:
 class BatchedMetrics:
     """A tracker whose `log_metrics` is buffered: one write every `every` calls and on `flush()`,
     each value with its own step and the time it was measured; everything else goes straight
-    through. `seconds` is the time spent writing (benchmarks/train_throughput.py --mlflow)."""
+    through. `seconds`, `writes` and `first_s` (the first write, which opens the store) say what
+    writing cost (benchmarks/train_throughput.py --mlflow)."""
 
     def __init__(self, tracker, every: int):
         self.tracker, self.every = tracker, max(1, int(every))
         self.rows: list[MetricRow] = []
-        self.seconds = 0.0
+        self.seconds, self.writes, self.first_s = 0.0, 0, 0.0
 
     def __getattr__(self, name: str):
         return getattr(self.tracker, name)
@@ -107,7 +108,9 @@ class BatchedMetrics:
             t = time.perf_counter()
             rows, self.rows = self.rows, []
             self.tracker.log_metric_rows(rows)
-            self.seconds += time.perf_counter() - t
+            dt = time.perf_counter() - t
+            self.seconds, self.writes = self.seconds + dt, self.writes + 1
+            self.first_s = self.first_s or dt
 
 
 def log_sweep_runs(study: Study, df: pd.DataFrame, *, kind: str, child_kind: str, run_name: str, parent_params: dict[str, Any],

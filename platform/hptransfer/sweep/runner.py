@@ -27,7 +27,7 @@ import pandas as pd
 from hptransfer.errors import SweepError
 from hptransfer.io import write_atomic
 from hptransfer.spec import StudySpec
-from hptransfer.study import SWEEP_EXPERIMENT
+from hptransfer.study import NOISE_EXPERIMENT, SWEEP_EXPERIMENT
 
 if TYPE_CHECKING:
     from hptransfer.study import Study
@@ -228,6 +228,64 @@ def lm_sweep_task(study: Study) -> SweepTask:
     )
 
 
+def replicate_points(spec: StudySpec, df: pd.DataFrame) -> list[dict]:
+    """Each width's best grid point (seed-averaged ok losses) × `noise_seeds` new seeds."""
+    tuned = list(spec.sweep.grid)
+    new_seeds = [max(spec.sweep.seeds) + 1 + i for i in range(spec.sweep.noise_seeds)]
+    points = []
+    for width, g in df[df.status == "ok"].groupby("width"):
+        best = g.groupby(tuned)["val_loss"].mean().idxmin()
+        best = dict(zip(tuned, best if isinstance(best, tuple) else (best,)))
+        points += [{"width": int(width), **{k: float(v) for k, v in best.items()}, "seed": s} for s in new_seeds]
+    return points
+
+
+def noise_task(study: Study, points: list[dict]) -> SweepTask:
+    """The replicate trials: same trainable and table columns as the grid, other seeds."""
+    import hashlib
+    import json
+
+    from ray import tune
+
+    from hptransfer.sweep.trial import tune_trainable
+
+    spec = study.require_spec()
+    base = lm_sweep_task(study)
+
+    def trainable(config, **kw):
+        return tune_trainable({**config, **config["point"]}, **kw)
+
+    def unpack(c: dict) -> dict:
+        return {**c, **c["point"]} if "point" in c else c
+
+    fingerprint = hashlib.sha256(json.dumps([study.sweep_hash, points], sort_keys=True).encode()).hexdigest()[:16]
+    return SweepTask(
+        experiment=NOISE_EXPERIMENT,
+        trainable=tune.with_parameters(trainable, spec=spec, done_dir=str(study.paths.trials_done)),
+        axes={"point": points}, resources=base.resources, metric="val_loss", mode="min",
+        row=lambda r: base.row(_Unpacked(r, unpack(r.config))), results_path=study.paths.noise_results,
+        fingerprint=fingerprint, sort_by=base.sort_by, describe=lambda c: "replicate " + base.describe(unpack(c)),
+        status=lambda c, m: base.status(unpack(c), m))
+
+
+class _Unpacked:
+    """A Tune result whose config has the replicate's point spread out, for the grid's row function."""
+
+    def __init__(self, result, config: dict):
+        self.config, self.metrics, self.error, self.path = config, result.metrics, result.error, result.path
+
+
 def run_sweep(study: Study, *, restart: bool = False, log=print) -> tuple[pd.DataFrame, Any]:
-    """The main sweep (widths × grid × seeds); `restart` also sets aside finished-trial markers."""
-    return run_sweep_task(study, lm_sweep_task(study), restart=restart, log=log)
+    """The main sweep (widths × grid × seeds), then `noise_seeds` replicates of each width's best
+    point (the sweep's own loss noise). Returns the combined table (written to sweep_results.csv)
+    and the grid's ResultGrid. `restart` sets aside both and the finished-trial markers."""
+    spec = study.require_spec()
+    df, grid = run_sweep_task(study, lm_sweep_task(study), restart=restart, log=log)
+    points = replicate_points(spec, df) if spec.sweep.noise_seeds else []
+    if points:
+        log(f"sweep: {len(points)} replicate trials at each width's best point (measuring the loss noise)")
+        rep, _ = run_sweep_task(study, noise_task(study, points), restart=restart, log=log)
+        df = pd.concat([df.assign(replicate=False), rep.assign(replicate=True)], ignore_index=True)
+        df = df.sort_values(["width", *spec.sweep.grid, "seed"]).reset_index(drop=True)
+        write_atomic(study.paths.sweep_results, df.to_csv(index=False))
+    return df, grid

@@ -18,6 +18,7 @@ from hptransfer.plan import TransferPlan
 from hptransfer.study import TrainPaths
 
 CKPT_TAG = "state"
+MLFLOW_WRITES = 50  # per run: rank 0's metrics go to MLflow in batches of ceil(steps / 50) steps
 
 
 def build_engine(plan: TransferPlan, world: int, *, bf16: bool = False):
@@ -97,18 +98,18 @@ def train_loop_per_worker(config: dict) -> None:
         with restored.as_directory() as d:
             _, client = engine.load_checkpoint(d, tag=CKPT_TAG)
         start, history = client["step"], client["history"]
-    # Rank 0 logs every step's metrics, written to MLflow in one batch every `mlflow_every` steps
-    # (a blocking write per step costs; benchmarks/train_throughput.py --mlflow measures it).
+    # Rank 0 logs every step's metrics, written to MLflow in one batch every `mlflow_every` steps:
+    # at most ~MLFLOW_WRITES blocking writes per run (benchmarks/train_throughput.py --mlflow).
     tracker = BatchedMetrics(MlflowTracker(config["tracking_uri"], config["experiment"], run_id=config["run_id"])
                              if rank == 0 and config.get("run_id") else NullTracker(),
-                             every=config.get("mlflow_every") or max(1, steps // 50))
-    progress = Progress(paths, steps, start, enabled=rank == 0)  # lines the driver prints; progress.json
+                             every=config.get("mlflow_every") or math.ceil(steps / MLFLOW_WRITES))
     if restored:
         tracker.set_tags({"resumed_from_step": start})
     corpus = load_corpus(plan.data.val_fraction, plan.data.max_files)
     val = corpus.val_batches(plan.data.eval_batches, min(B, 16), T)
     micro = ds_cfg["train_micro_batch_size_per_gpu"]
     every = plan.train.checkpoint_every
+    progress = Progress(paths, steps, start, enabled=rank == 0)  # lines the driver prints; progress.json
     # A run resumed at its last step trains no more; its final metrics are those of that step.
     t0, tokens, metrics = time.perf_counter(), 0, dict(history[-1]) if history else {"step": start}
     for step in range(start + 1, steps + 1):
@@ -141,7 +142,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     tracker.flush()
     metrics = {**metrics, "wall_s": time.perf_counter() - t0, "resumed_from_step": start,
-               "mlflow_log_s": tracker.seconds}
+               "mlflow_log_s": tracker.seconds, "mlflow_writes": tracker.writes, "mlflow_first_write_s": tracker.first_s}
     metrics.setdefault("status", "ok")
     d, ckpt = _save(engine, paths, metrics["step"], history, rank)
     if rank == 0:

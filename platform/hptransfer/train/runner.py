@@ -17,7 +17,7 @@ def run_train(study: Study, plan: TransferPlan, *, resume: bool = False, restart
               mlflow_every: int | None = None) -> dict:
     """Run (or, with resume=True, continue from its latest checkpoint) the large run into the
     study's train/ folder. Rank 0's progress lines are printed (`hptransfer.logs.progress`) as they
-    come; MLflow gets every step's metrics in batches of `mlflow_every` steps (default steps // 50)."""
+    come; MLflow gets every step's metrics in batches of `mlflow_every` steps (default ceil(steps / 50))."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 

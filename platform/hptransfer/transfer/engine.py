@@ -51,6 +51,11 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
     bad = df.loc[~np.isfinite(width) | (width <= 0) | (width != width.round()), "width"]
     if len(bad):
         problems.append(f"column `width` must hold positive integers, got {bad.unique()[:5].tolist()}")
+    seed = pd.to_numeric(df["seed"], errors="coerce")
+    bad = df.loc[~np.isfinite(seed) | (seed != seed.round()) | (seed.abs() > 2**31), "seed"]
+    if len(bad):
+        problems.append(f"column `seed` must hold integers (one per trial; drop the column for one seed), "
+                        f"got {bad.unique()[:5].tolist()}")
     df["status"] = df["status"].astype(str).str.strip().str.lower()
     unknown = sorted(set(df["status"]) - STATUSES)
     if unknown:
@@ -73,6 +78,7 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
     if problems:
         raise ResultsError(source, problems)
     df["width"] = width.astype(int)
+    df["seed"] = seed.astype(int)
     df["val_loss"] = loss.astype(float)
     for hp in tuned:
         df[hp] = pd.to_numeric(df[hp]).astype(float)
