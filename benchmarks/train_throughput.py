@@ -20,13 +20,16 @@ The machine is shared: the 1-minute load average around each part is recorded.
 Run: .venv/bin/python benchmarks/train_throughput.py   → benchmarks/results/train_throughput.json
      (~3 min on 2 idle cores; `--steps 4 --width 64` for a smoke run)
 
-`--mlflow` (issue 15) measures instead what rank 0's MLflow logging costs the large run: the real
-`run_train` with a blocking MLflow write every step (`mlflow_every=1`, the loop before issue 15)
-against the default batches of ceil(steps / 50) steps, alternated A B A B on one Ray so that a
-drifting machine load hits both alike; per variant the seconds rank 0 spent in MLflow writes (the
-loop's own timer), the writes, the loop time and the steady tokens/s, then the ratios batched ÷
-per-step. The MLflow store is the study's SQLite file (the quickstart's default) unless
-`--tracking-uri` names a server. Both variants must leave every step's `train_loss` in MLflow.
+`--mlflow` (issue 15) measures instead what rank 0's MLflow logging costs the large run, with the
+real `run_train` in three variants, run in turn (rotated on each repeat) on one Ray so that a
+drifting machine load hits all alike:
+- `per_step`: a blocking MLflow write every step (`mlflow_every=1`: the loop before issue 15);
+- `every_k_steps`: one write every ceil(steps / 50) steps (at most ~50 writes per run);
+- `batched`: the default, one write at most every MLFLOW_FLUSH_S seconds (and at the end).
+Per variant: the seconds rank 0 spent in MLflow writes (the loop's own timer), the writes, the
+loop time and the steady tokens/s; then ratios to `per_step`. The MLflow store is each run's
+SQLite file (the quickstart's default) unless `--tracking-uri` names a server. Every variant must
+leave every step's `train_loss` in MLflow.
 
      .venv/bin/python benchmarks/train_throughput.py --mlflow   → benchmarks/results/train_mlflow_batching.json
 """
@@ -131,7 +134,7 @@ def plain_loop(plan, threads: int) -> dict:
 
 def hpt_train(plan, out: Path, tracking_uri: str | None = None, **knobs) -> dict:
     from hptransfer.study import Study
-    from hptransfer.train.loop import MLFLOW_WRITES
+    from hptransfer.train.loop import MLFLOW_FLUSH_S
     from hptransfer.train.runner import run_train
 
     study = Study(None, out, name=plan.study, tracking_uri=tracking_uri)
@@ -152,7 +155,7 @@ def hpt_train(plan, out: Path, tracking_uri: str | None = None, **knobs) -> dict
             "end_to_end_tokens_per_s": round(plan.target.steps * B * T / total, 1),
             "final_train_loss": round(metrics["train_loss"], 4), "status": metrics.get("status"),
             "mlflow": {k: tm["final"].get(k) for k in ("mlflow_log_s", "mlflow_writes", "mlflow_first_write_s")},
-            "mlflow_every": knobs.get("mlflow_every") or math.ceil(plan.target.steps / MLFLOW_WRITES),
+            "mlflow_every": knobs.get("mlflow_every") or f"{MLFLOW_FLUSH_S:g} s",
             "mlflow_run_id": metrics["mlflow_run_id"], "tracking_uri": study.tracking_uri}
 
 
@@ -257,9 +260,10 @@ def _median(runs: list[dict], key) -> float:
 def mlflow_compare(plan, work: Path, repeats: int, tracking_uri: str | None) -> dict:
     from mlflow import MlflowClient
 
-    runs: dict[str, list[dict]] = {"per_step": [], "batched": []}
+    variants = [("per_step", 1), ("every_k_steps", math.ceil(plan.target.steps / 50)), ("batched", None)]
+    runs: dict[str, list[dict]] = {name: [] for name, _ in variants}
     for i in range(repeats):
-        for name, every in (("per_step", 1), ("batched", None)) if i % 2 == 0 else (("batched", None), ("per_step", 1)):
+        for name, every in variants[i % 3:] + variants[:i % 3]:
             r = hpt_train(plan, work / f"{name}_{i}", mlflow_every=every, tracking_uri=tracking_uri)
             steps = [m.step for m in MlflowClient(r["tracking_uri"]).get_metric_history(r["mlflow_run_id"], "train_loss")]
             r["mlflow_history_complete"] = sorted(steps) == list(range(1, plan.target.steps + 1))
@@ -269,23 +273,21 @@ def mlflow_compare(plan, work: Path, repeats: int, tracking_uri: str | None) -> 
     for name, rs in runs.items():
         m = [r["mlflow"] for r in rs]
         summary[name] = {
-            "mlflow_every": rs[0]["mlflow_every"], "mlflow_writes": m[0]["mlflow_writes"],
+            "mlflow_every": rs[0]["mlflow_every"], "mlflow_writes": _median(m, lambda x: x["mlflow_writes"]),
             "mlflow_log_s": _median(m, lambda x: x["mlflow_log_s"]),
             "mlflow_first_write_s": _median(m, lambda x: x["mlflow_first_write_s"]),
             # the first write opens MLflow's store (both variants pay it once); the rest is per write
             "mlflow_ms_per_later_write": _median(m, lambda x: 1000 * (x["mlflow_log_s"] - x["mlflow_first_write_s"])
                                                  / max(1, x["mlflow_writes"] - 1)),
             "mlflow_ms_per_step": _median(m, lambda x: 1000 * x["mlflow_log_s"] / plan.target.steps),
+            "mlflow_s_per_100_loop_s": _median(rs, lambda r: 100 * r["mlflow"]["mlflow_log_s"] / r["loop_s"]),
             "loop_s": _median(rs, lambda r: r["loop_s"]), "steady_tokens_per_s": _median(rs, lambda r: r["steady_tokens_per_s"]),
-            "mlflow_share_of_loop": _median(rs, lambda r: r["mlflow"]["mlflow_log_s"] / r["loop_s"]),
             "mlflow_history_complete": all(r["mlflow_history_complete"] for r in rs)}
-    a, b = summary["per_step"], summary["batched"]
+    base = summary["per_step"]
     return {"variants": summary, "runs": runs,
-            "ratio_batched_over_per_step": {
-                "mlflow_log_s": round(b["mlflow_log_s"] / a["mlflow_log_s"], 3),
-                "mlflow_writes": round(b["mlflow_writes"] / a["mlflow_writes"], 3),
-                "loop_s": round(b["loop_s"] / a["loop_s"], 3),
-                "steady_tokens_per_s": round(b["steady_tokens_per_s"] / a["steady_tokens_per_s"], 3)}}
+            "ratio_to_per_step": {name: {k: round(v[k] / base[k], 3) for k in
+                                         ("mlflow_log_s", "mlflow_writes", "loop_s", "steady_tokens_per_s")}
+                                  for name, v in summary.items() if name != "per_step"}}
 
 
 def main(argv: list[str]) -> dict:
@@ -326,7 +328,7 @@ def main(argv: list[str]) -> dict:
                             "zero_stage": 1, "tracking": args.tracking_uri or "sqlite (each run's study folder)",
                             "repeats": args.repeats}, **cmp}
         write_json(args.out, result)
-        print(f"[train_throughput --mlflow] {json.dumps(cmp['variants'])}\n  ratios {cmp['ratio_batched_over_per_step']}; "
+        print(f"[train_throughput --mlflow] {json.dumps(cmp['variants'])}\n  ratios {cmp['ratio_to_per_step']}; "
               f"wrote {args.out}", flush=True)
         return result
     work = Path(tempfile.mkdtemp(prefix="hpt_bench_train_"))

@@ -1,20 +1,28 @@
 """What a person running `hpt run` sees (issue 15): progress lines from the coordinate check, the
 sweep and the large run; none of the library noise on the console, all of it in the study's log
-file; everything back with `--verbose`. One real run of a tiny spec in a fresh process, then one
-`--verbose` re-run of the same study (it resumes: the sweep keeps its trials, the large run its
-final checkpoint, so it is the cheaper of the two)."""
+file; everything back with `--verbose`. The slow tests: one real run of a tiny spec in a fresh
+process, then one `--verbose` re-run of the same study (it resumes: the sweep keeps its trials, the
+large run its final checkpoint, so it is the cheaper of the two). The fast ones check the pieces:
+the routing of Ray worker output, the driver's tail of rank 0's progress, the progress lines and
+the batched MLflow writes."""
 
 import json
+import logging
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 import yaml
 
-from conftest import tiny_spec_dict
+from hptransfer import logs
+from hptransfer.study import TrainPaths
+from hptransfer.tracking import BatchedMetrics
+from hptransfer.train.progress import Progress
 
-pytestmark = pytest.mark.slow
+from conftest import tiny_spec_dict
 
 STEPS = 10
 # Printed during every large run (Ray Train, DeepSpeed, torch): off the console, in the log file.
@@ -42,6 +50,7 @@ def study(tmp_path_factory):
     return {"spec": spec, "dir": study, "console": r.stdout + r.stderr, "log": (study / "hpt.log").read_text()}
 
 
+@pytest.mark.slow
 def test_progress_lines_reach_the_console(study):
     console = study["console"]
     lines = {int(m.group(1)): m.group(0) for m in PROGRESS.finditer(console)}
@@ -53,6 +62,7 @@ def test_progress_lines_reach_the_console(study):
     assert "\x1b[" not in console  # plain text in a CI log
 
 
+@pytest.mark.slow
 def test_library_noise_goes_to_the_log_file_only(study):
     console, log = study["console"], study["log"]
     for noise in NOISE + SOMETIMES:
@@ -63,6 +73,7 @@ def test_library_noise_goes_to_the_log_file_only(study):
     assert "\x1b[" not in log
 
 
+@pytest.mark.slow
 def test_progress_json_and_status_of_the_finished_study(study):
     progress = json.loads((study["dir"] / "train" / "progress.json").read_text())
     assert progress["step"] == progress["total"] == STEPS and progress["status"] == "ok"
@@ -78,13 +89,105 @@ def test_progress_json_and_status_of_the_finished_study(study):
     assert st["mlflow"]["tracking_uri"] == f"sqlite:///{study['dir'] / 'mlflow.db'}"
 
 
+@pytest.mark.slow
 def test_verbose_brings_the_noise_back(study):
     r = hpt("--verbose", "run", str(study["spec"]), "--study-dir", str(study["dir"]), "--skip-coord-check")
     console = r.stdout + r.stderr
     for noise in ("TrainingReport(", "deepspeed_shm_comm_op built", "(RayTrainWorker pid="):
         assert noise in console, f"{noise!r} not on the console under --verbose:\n{console[-3000:]}"
-    assert "6/6 trials kept" in console and f"resumed from the checkpoint at step {STEPS}/{STEPS}" in console
+    assert f"resumed from the checkpoint at step {STEPS}/{STEPS}" in console  # rank 0's line, via progress.log
     assert "\x1b[" not in console
     # the re-run found the large run finished: its final metrics are still those of the last step
     final = json.loads((study["dir"] / "train" / "train_metrics.json").read_text())["final"]
     assert final["step"] == STEPS and final["status"] == "ok" and "val_loss" in final
+
+
+# --- the pieces, fast -----------------------------------------------------------------------------
+
+@pytest.fixture
+def log_file(tmp_path):
+    path = logs.attach(tmp_path / "hpt.log")
+    yield path
+    logs.set_verbose(False)
+
+
+def test_worker_output_goes_to_the_log_file_and_to_the_console_only_when_verbose(log_file, capsys):
+    noise = {"pid": 4242, "actor_name": "RayTrainWorker", "is_err": True,
+             "lines": ["\x1b[36mDeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully\x1b[0m"]}
+    logs.route_worker_output(noise)
+    logs.route_worker_output({"pid": "raylet", "is_err": True, "lines": ["A worker died or was killed"]})
+    out = capsys.readouterr()
+    assert "deepspeed_shm_comm_op" not in out.out + out.err
+    assert "(raylet) A worker died or was killed" in out.err  # the raylet's lines stay on the console
+    logs.set_verbose(True)
+    logs.route_worker_output(noise)
+    out = capsys.readouterr()
+    assert "(RayTrainWorker pid=4242) DeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully\n" in out.err
+    for handler in logging.getLogger("hpt.workers").handlers:
+        handler.flush()
+    text = log_file.read_text()
+    assert text.count("(RayTrainWorker pid=4242) DeepSpeed deepspeed.ops.comm") == 2 and "\x1b[" not in text
+    logs.route_worker_output({"pid": 1, "lines": None})  # a malformed batch must not raise on Ray's log thread
+
+
+def test_follow_prints_every_appended_line_in_order(tmp_path):
+    path = tmp_path / "progress.log"
+    path.write_text("a line from a previous session\n")
+    seen: list[str] = []
+
+    def rank0():
+        for i in range(200):  # faster than the tail's poll: nothing may be lost or reordered
+            with path.open("a") as f:
+                f.write(f"train step {i + 1}/200\n")
+        with path.open("a") as f:
+            f.write("half a li")  # an unfinished line waits for its end
+
+    with logs.follow(path, seen.append, every_s=0.01):
+        t = threading.Thread(target=rank0)
+        t.start()
+        time.sleep(0.05)
+        t.join()
+    assert seen == [f"train step {i + 1}/200" for i in range(200)]
+
+
+def test_progress_lines_at_least_every_tenth_and_at_each_evaluation(tmp_path):
+    paths = TrainPaths(tmp_path)
+    p = Progress(paths, total=95, start=0)
+    for step in range(1, 96):
+        m = {"step": step, "train_loss": 2.0, "tokens_per_s": 1000.0, **({"val_loss": 2.5} if step % 25 == 0 else {})}
+        p.step(m)
+    p.finish({"step": 95, "status": "ok"})
+    lines = paths.progress_log.read_text().splitlines()
+    steps = [int(re.match(r"train step (\d+)/95", ln).group(1)) for ln in lines]
+    assert steps == sorted({1, *range(9, 96, 9), 25, 50, 75, 95})
+    assert all(b - a <= 95 // 10 for a, b in zip([0, *steps], steps))  # at least every 10% of the steps
+    assert "val 2.5000" in lines[steps.index(25)] and "val" not in lines[steps.index(27)]
+    state = json.loads(paths.progress.read_text())
+    assert state["step"] == state["total"] == 95 and state["status"] == "ok" and state["val_step"] == 75
+    assert Progress(TrainPaths(tmp_path / "rank1"), total=95, start=0, enabled=False).step({"step": 1}) is None
+    assert not (tmp_path / "rank1").exists()  # other ranks write nothing
+
+
+class _Recorder:
+    def __init__(self):
+        self.writes = []
+
+    def log_metric_rows(self, rows):
+        self.writes.append(list(rows))
+
+
+def test_batched_metrics_write_every_step_in_few_calls():
+    by_steps = BatchedMetrics(_Recorder(), every_steps=4)
+    by_time = BatchedMetrics(_Recorder(), every_s=3600)
+    for tracker in (by_steps, by_time):
+        for step in range(1, 11):
+            tracker.log_metrics({"train_loss": 1.0 / step}, step=step)
+        tracker.flush()
+        tracker.flush()  # nothing left: no empty write
+        rows = [r for w in tracker.tracker.writes for r in w]
+        assert [step for _, step, _ in rows] == list(range(1, 11)) and tracker.writes == len(tracker.tracker.writes)
+    assert [len(w) for w in by_steps.tracker.writes] == [4, 4, 2]
+    assert [len(w) for w in by_time.tracker.writes] == [10]  # within the interval: one write at the end
+    per_call = BatchedMetrics(_Recorder(), every_s=0)
+    per_call.log_metrics({"x": 1}, step=1)
+    assert per_call.writes == 1

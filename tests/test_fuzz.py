@@ -13,11 +13,13 @@ import typing
 from functools import lru_cache
 from pathlib import Path
 
+import hypothesis
 import pandas as pd
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
@@ -43,6 +45,23 @@ def floats_in(obj, path="") -> typing.Iterator[tuple[str, float]]:
         for i, v in enumerate(obj):
             yield from floats_in(v, f"{path}[{i}]")
     elif isinstance(obj, float):
+        yield path, obj
+
+
+def event(what: str) -> None:
+    """Count outcomes (pytest --hypothesis-show-statistics) when run by Hypothesis."""
+    if currently_in_test_context():
+        hypothesis.event(what)
+
+
+def ints_in(obj, path="") -> typing.Iterator[tuple[str, int]]:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from ints_in(v, f"{path}.{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from ints_in(v, f"{path}[{i}]")
+    elif isinstance(obj, int) and not isinstance(obj, bool):
         yield path, obj
 
 
@@ -129,8 +148,9 @@ scalars = st.one_of(
     st.sampled_from(ODD_STRINGS),
     st.text(max_size=12),
 )
+non_finite = st.sampled_from([math.nan, math.inf, -math.inf])
 values = st.one_of(
-    scalars, scalars, scalars,
+    scalars, scalars, scalars, non_finite,
     st.lists(scalars, max_size=4),
     st.lists(scalars, min_size=1, max_size=3).map(lambda v: v + v[:1]),  # duplicates
     st.just([]), st.just({}),
@@ -151,13 +171,18 @@ SPEC_CONTAINERS = [()] + [p for p in SPEC_PATHS if isinstance(tiny_spec_dict().g
     + [("sweep", "grid"), ("sweep", "fixed"), ("dp",)]
 
 
+# Plausible values too, so that many mutated specs still validate and their values are checked.
+plausible = st.one_of(st.integers(1, 512), st.floats(1e-4, 10.0), st.sampled_from(["mlp", "llama", "sp", "mup", "fifo",
+                                                                                  "asha", "tiny-2", "a.b_c"]))
+
+
 @st.composite
 def spec_ops(draw) -> tuple:
     kind = draw(st.sampled_from(["set", "set", "set", "del", "extra"]))
     if kind == "extra":
         return ("extra", draw(st.sampled_from(SPEC_CONTAINERS)) or ("sweep",), draw(unknown_keys), draw(values))
     path = draw(st.sampled_from(SPEC_PATHS))
-    return (kind, path, draw(values)) if kind == "set" else (kind, path)
+    return (kind, path, draw(st.one_of(values, plausible))) if kind == "set" else (kind, path)
 
 
 @st.composite
@@ -167,7 +192,7 @@ def mutated_specs(draw) -> dict:
         d["dp"] = dict(DP_BLOCK)
         if draw(st.booleans()):
             d["transfer"] = {"rule": "dp"}
-    for op in draw(st.lists(spec_ops(), min_size=1, max_size=3)):
+    for op in draw(st.lists(spec_ops(), min_size=1, max_size=2)):
         d = apply(d, op)
     return d
 
@@ -177,8 +202,13 @@ def check_spec(data) -> StudySpec | None:
         spec = parse_spec(data)
     except SpecError as e:
         assert_problems_say_something(e)
+        event("refused")
         return None
+    event("accepted")
     assert_finite(spec.model_dump())
+    # Every integer fits the int64 that numpy, torch and Ray hold (seeds, counts, sizes).
+    big = [(p, x) for p, x in ints_in(spec.model_dump()) if abs(x) >= 2**63]
+    assert not big, f"integers beyond int64: {big}"
     # A spec that validates is usable: a safe folder name, hashes, a bounded trial count.
     assert spec.name not in (".", "..") and "/" not in spec.name and "[" not in spec.name
     assert spec.sweep.n_trials <= spec.sweep.max_trials
@@ -197,6 +227,24 @@ def test_fuzz_specs_parse_or_refuse_cleanly(data):
 @given(st.one_of(values, st.lists(values, max_size=2), st.dictionaries(unknown_keys, values, max_size=3)))
 def test_fuzz_spec_of_any_shape(data):
     check_spec(data)
+
+
+EXTREMES = [math.nan, math.inf, -math.inf, 0, -1, 0.5, 2**63, 10**30, 1e300, -1e300, "", "..", "[/red]", "x" * 5000,
+            None, True, [], {}, [1, 1], [0, -4]]
+
+
+def test_every_spec_field_with_every_extreme_value():
+    """Exhaustive single mutations (each field path × each extreme value, and each deletion): the
+    cases a random search samples only sparsely."""
+    failures = []
+    for path in SPEC_PATHS:
+        base = {**tiny_spec_dict(), **({"dp": dict(DP_BLOCK)} if path[0] == "dp" else {})}
+        for op in [("del", path)] + [("set", path, copy.deepcopy(v)) for v in EXTREMES]:
+            try:
+                check_spec(apply(copy.deepcopy(base), op))
+            except Exception as e:  # collect them all: one run lists every field that needs a bound
+                failures.append(f"{op[:2]} {repr(op[2:])[:40]}: {type(e).__name__}: {str(e)[:200]}")
+    assert not failures, "\n".join(failures)
 
 
 def _no_traceback(result) -> None:
@@ -305,7 +353,7 @@ def check_plan(plan: TransferPlan) -> None:
 
 @settings(max_examples=150, **FUZZ)
 @given(df=mutated_tables(), rule=st.sampled_from(RULES),
-       target_width=st.sampled_from([0, -8, 16, 64, 128, 1024, 4096, 10**6, 10**12, 10**30]),
+       target_width=st.sampled_from([0, -8, 16, 64, 128, 1024, 4096, 10**6, 10**12, 10**30, 10**200]),
        base_width=st.sampled_from([None, None, 1, 16, 32, 10**9]),
        family=st.sampled_from(["mlp", "llama"]),
        steps=st.sampled_from([(100, None), (100, 10_000), (1, 10**7), (50, 10**9)]),
@@ -320,7 +368,9 @@ def test_fuzz_results_tables_make_a_finite_plan_or_refuse(df, rule, target_width
         plan = make_plan(spec, df)
     except HptError as e:
         assert_problems_say_something(e)
+        event(f"refused: {type(e).__name__}")
         return
+    event("accepted")
     check_plan(plan)
 
 
@@ -378,9 +428,10 @@ def _real_plans() -> tuple[dict, ...]:
     rows = [{"width": w, "lr": lr, "seed": 0, "val_loss": 3 + 0.1 * math.log(lr / 0.02) ** 2 + w ** -0.5, "status": "ok"}
             for w in (16, 32, 64) for lr in (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)]
     df = pd.DataFrame(rows)
-    for over in ({}, {"transfer": {"rule": "sp-warmup"}, "sweep": {"fixed": {"weight_decay": 0.1}}},
-                 {"target": {"width": 256, "steps": 600, "batch_size": 32}}):
-        spec = parse_spec(tiny_spec_dict(sweep={"widths": [16, 32, 64], "grid": {"lr": sorted(df.lr.unique())}}, **over))
+    sweep = {"widths": [16, 32, 64], "grid": {"lr": sorted(df.lr.unique())}}
+    for over in ({"sweep": sweep}, {"transfer": {"rule": "sp-warmup"}, "sweep": {**sweep, "fixed": {"weight_decay": 0.1}}},
+                 {"sweep": sweep, "target": {"width": 256, "steps": 600, "batch_size": 32}}):
+        spec = parse_spec(tiny_spec_dict(**over))
         out.append(make_plan(spec, df).model_dump(mode="json"))
     return tuple(out)
 
@@ -418,7 +469,9 @@ def test_fuzz_plans_parse_or_refuse_cleanly(data):
         plan = parse_plan(data)
     except PlanError as e:
         assert_problems_say_something(e)
+        event("refused")
         return
+    event("accepted")
     assert_finite(plan.model_dump())
     # What every consumer of a loaded plan reads must work on anything that validates.
     plan.hps

@@ -175,3 +175,33 @@ def test_warnings_edge_few_widths_nonconvex_divergence():
     bumpy = synthetic_sweep([32, 64, 128], list(np.geomspace(1e-4, 1e-1, 13)))
     bumpy.loc[(bumpy["width"] == 64) & np.isclose(bumpy["lr"], bumpy["lr"].unique()[5]), "val_loss"] += 1.0
     assert "not convex" in " | ".join(_diag(bumpy)["warnings"])
+
+
+def test_wider_is_better_is_checked_after_the_large_run():
+    from hptransfer.transfer.diagnostics import check_target
+
+    d = {"predicted_target_loss_interval": [2.40, 2.50], "ladder_best_loss": 2.60}
+    assert check_target(d, 2.45)["verdict"] == "ok"
+    assert check_target(d, 2.55)["verdict"] == "worse than predicted"
+    worse = check_target(d, 2.70)
+    assert worse["verdict"] == "worse than predicted" and any("WORSE than the ladder" in m for m in worse["messages"])
+    assert check_target({"ladder_best_loss": 2.6}, 2.7)["verdict"] == "worse than the ladder"
+    assert check_target(d, float("nan"))["verdict"] == "unchecked"
+
+
+def test_the_plan_predicts_the_target_loss_with_an_interval():
+    import numpy as np
+
+    from hptransfer.transfer.diagnostics import diagnose
+    from hptransfer.transfer.optimum import fit_optimum
+
+    grid = np.geomspace(1e-3, 1e-1, 9)
+    fits = {}
+    for w in (32, 64, 128, 256):
+        best = 2.0 + 8.0 * w ** -0.5
+        loss = best + 0.08 * (np.log(grid) - np.log(1e-2)) ** 2
+        fits[w] = {"lr": fit_optimum(np.repeat(grid, 2), np.repeat(loss, 2) + np.tile([0.01, -0.01], 9), True)}
+    d = diagnose(fits, ["lr"], {"lr"}, "mup", "mup", 256, 1024)
+    lo, hi = d["predicted_target_loss_interval"]
+    assert lo < 2.0 + 8.0 * 1024 ** -0.5 < hi and hi - lo < 0.2
+    assert d["ladder_best_loss"] == pytest.approx(min(f["lr"].best_loss for f in fits.values()), abs=0.05)

@@ -56,6 +56,10 @@ def set_verbose(verbose: bool) -> None:
         _state["console"].setLevel(logging.INFO if verbose else logging.ERROR)
 
 
+def is_verbose() -> bool:
+    return _state["verbose"]
+
+
 def attach(log_file: str | Path) -> Path:
     """Send Python logging of this process to `log_file` (appended); only errors also to the console
     (everything under verbose). Idempotent; a second study in the same process moves the file
@@ -107,7 +111,15 @@ def _prefix(data: dict) -> str:
 
 def route_worker_output(data: dict) -> None:
     """One batch of a worker's stdout or stderr lines, as Ray's log monitor publishes them. Like
-    Ray's own printer, only the autoscaler's events are kept of its output (not its status dumps)."""
+    Ray's own printer, only the autoscaler's events are kept of its output (not its status dumps).
+    Runs on Ray's log thread: it must never raise there (that would end the thread)."""
+    try:
+        _route(data)
+    except Exception:  # keep Ray's log thread alive whatever a line holds
+        logging.getLogger(__name__).exception("could not route a batch of Ray worker output")
+
+
+def _route(data: dict) -> None:
     prefix = _prefix(data)
     lines = data.get("lines", [])
     if data.get("pid") == "autoscaler":

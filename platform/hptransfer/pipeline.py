@@ -90,6 +90,7 @@ def train_stage(study: Study, plan: Any = None, *, workers: int | None = None, g
     plan's train settings."""
     from hptransfer.plan import TransferPlan, load_plan
     from hptransfer.train.runner import run_train
+    from hptransfer.transfer.diagnostics import check_target
 
     plan = plan if isinstance(plan, TransferPlan) else load_plan(plan or study.paths.plan)
     knobs = {k: v for k, v in (("workers", workers), ("gpus_per_worker", gpus_per_worker),
@@ -97,7 +98,17 @@ def train_stage(study: Study, plan: Any = None, *, workers: int | None = None, g
     if knobs:
         plan = plan.model_copy(update={"train": plan.train.model_copy(update=knobs)})
     with study.lock():
-        return run_train(study, plan, resume=resume, restart=restart, log=log)
+        if plan.rule == "dp":  # the DP plan trains privately: Opacus on Ray Train (train/private.py)
+            from hptransfer.train.private import run_private_train
+
+            metrics = run_private_train(study, plan, resume=resume, restart=restart, log=log)
+        else:
+            metrics = run_train(study, plan, resume=resume, restart=restart, log=log)
+    check = check_target(plan.diagnostics, metrics.get("val_loss"))
+    metrics["target_check"] = check
+    for m in check["messages"]:
+        log(("WARNING: " if check["verdict"] not in ("ok", "unchecked") else "target check: ") + m)
+    return metrics
 
 
 def report_stage(study: Study, *, log=print) -> Path:

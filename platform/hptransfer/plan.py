@@ -6,6 +6,7 @@ needs no spec, and a user can read, edit or hand it off.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hptransfer.errors import PlanError, Problem, problems_from_validation
 from hptransfer.hyperparameters import TUNABLE, Hyperparameters
 from hptransfer.io import write_yaml
-from hptransfer.spec import MAX_STEPS, RULE_NAMES, DataSpec, ModelSpec, TrainSpec
+from hptransfer.spec import MAX_STEPS, MAX_WIDTH, RULE_NAMES, DataSpec, ModelSpec, TrainSpec
 
 __all__ = ["PLAN_VERSION", "PlanError", "TargetShape", "TransferPlan", "load_plan", "save_plan"]
 
@@ -24,7 +25,7 @@ PLAN_VERSION = 1
 
 class TargetShape(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    width: int = Field(ge=1)
+    width: int = Field(ge=1, le=MAX_WIDTH)
     steps: int = Field(ge=1, le=MAX_STEPS)
     batch_size: int = Field(ge=1, le=1_000_000, description="Global batch in sequences.")
     seq_len: int = Field(ge=1)
@@ -67,10 +68,43 @@ class TransferPlan(BaseModel):
         Hyperparameters.model_validate(v)  # ranges (lr > 0, 0 ≤ beta < 1, ...)
         return v
 
+    @field_validator("schedule", "heuristics", "baselines", "diagnostics", "provenance", "dp")
+    @classmethod
+    def _finite(cls, v: Any) -> Any:
+        # Free-form blocks are not covered by allow_inf_nan: a hand-edited `.nan` would reach exports.
+        bad = [p for p, x in _numbers(v) if not math.isfinite(x)]
+        if bad:
+            raise ValueError(f"non-finite number(s) at {bad[:5]}; NaN and inf are never a setting: "
+                             "write a number, or null for an unknown diagnostic")
+        return v
+
+    @field_validator("schedule")
+    @classmethod
+    def _schedule(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is None or v.get("kind", "none") == "none":
+            return v
+        if v["kind"] != "sp-warmup":
+            raise ValueError(f"schedule.kind={v['kind']!r} is unknown; one of ['none', 'sp-warmup']")
+        for key in ("m", "timescale"):
+            x = v.get(key)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not (x >= 1 if key == "m" else x > 0):
+                raise ValueError(f"schedule.{key} must be a number {'≥ 1 (width ratio)' if key == 'm' else '> 0 (steps)'} "
+                                 f"for kind sp-warmup, got {x!r}; remake the plan with `hpt transfer`")
+        return v
+
     @property
     def hps(self) -> Hyperparameters:
         """The plan's hyperparameters, typed (defaults filled in)."""
         return Hyperparameters.of(self.hyperparameters)
+
+
+def _numbers(obj: Any, path: str = "") -> list[tuple[str, float]]:
+    """Every float in nested dicts/lists, with its dotted path."""
+    if isinstance(obj, dict):
+        return [n for k, v in obj.items() for n in _numbers(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(obj, (list, tuple)):
+        return [n for i, v in enumerate(obj) for n in _numbers(v, f"{path}[{i}]")]
+    return [(path, obj)] if isinstance(obj, float) else []
 
 
 def save_plan(plan: TransferPlan, path: str | Path) -> Path:

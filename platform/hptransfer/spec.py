@@ -7,6 +7,7 @@ value and what is allowed (`hpt validate SPEC`). Defaults live on the fields, no
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from pathlib import Path
@@ -26,12 +27,22 @@ __all__ = ["DEFAULT_HPS", "LOG_SCALE", "RULE_NAMES", "TUNABLE", "Hyperparameters
 # the two agree). Listed here so the spec can be validated without importing the engine.
 RULE_NAMES = ("mup", "mup-independent-wd", "mup-standard-wd", "sp-warmup", "power-law", "dp")
 MAX_STEPS = 10_000_000  # far beyond any proxy or target run; catches typos like 1e12
+MAX_WIDTH = 1_000_000  # far beyond any model's hidden size; keeps width ratios and costs finite
+MAX_SEED = 2**32 - 1  # what numpy, torch and Ray all accept
 
 
 class _Strict(BaseModel):
     # Unknown keys are typos until proven otherwise: `wdith:` must not be silently ignored.
     # NaN and ±inf are never a setting.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _fits_int64(cls, v: Any) -> Any:
+        # numpy, torch and Ray hold 64-bit integers: a count or size like 10**30 is a typo, not a setting.
+        if any(isinstance(x, int) and not isinstance(x, bool) and abs(x) >= 2**63 for x in (v if isinstance(v, list) else [v])):
+            raise ValueError(f"{v} is beyond any real setting (and 64-bit integers); use a realistic value")
+        return v
 
 
 BYTE_VOCAB = 256  # the `byte` tokenizer: one token per UTF-8 byte
@@ -60,7 +71,7 @@ class ModelSpec(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _family(self) -> "ModelSpec":
+    def _family(self) -> ModelSpec:
         if self.family != "hf":
             given = [k for k in ("config", "n_heads") if getattr(self, k) is not None]
             given += ["attn_scale"] if self.attn_scale != "1/sqrt(d)" else []
@@ -95,8 +106,13 @@ class ModelSpec(_Strict):
 
 def _read_config_json(v: str | Path) -> dict[str, Any]:
     path = Path(v).expanduser()
-    path = path / "config.json" if path.is_dir() else path
-    if not path.is_file():
+    try:
+        path = path / "config.json" if path.is_dir() else path
+        found = path.is_file()
+    except OSError as e:  # e.g. a name longer than the filesystem allows
+        raise ValueError(f"{str(v)[:80]!r} is not a usable path ({e.strerror}); give a local config.json "
+                         "(or its folder) or an inline mapping with model_type") from None
+    if not found:
         raise ValueError(f"{path.resolve()} not found; give a local config.json (or its folder) or an inline mapping "
                          "with model_type")
     try:
@@ -163,7 +179,7 @@ class DataSpec(_Strict):
         return v if v.startswith("~") or Path(v).is_absolute() else str(Path.cwd() / v)
 
     @model_validator(mode="after")
-    def _corpus(self) -> "DataSpec":
+    def _corpus(self) -> DataSpec:
         if self.corpus == "files" and not self.paths:
             raise ValueError("corpus files needs data.paths: glob patterns of your files, e.g. ['data/*.jsonl']")
         if self.corpus == "stdlib":
@@ -198,7 +214,7 @@ class SweepSpec(_Strict):
             raise ValueError(f"need at least 2 widths to see a trend, got {v}")
         if any(w <= 0 for w in v):
             raise ValueError(f"widths must be positive, got {v}")
-        if any(b <= a for a, b in zip(v, v[1:])):
+        if any(b <= a for a, b in itertools.pairwise(v)):
             raise ValueError(f"widths must be strictly increasing, got {v}; sort them and drop repeats")
         return v
 
@@ -234,6 +250,8 @@ class SweepSpec(_Strict):
     def _seeds(cls, v: list[int]) -> list[int]:
         if len(set(v)) != len(v):
             raise ValueError(f"seeds repeat {v}; list each seed once")
+        if bad := [s for s in v if not 0 <= s <= MAX_SEED]:
+            raise ValueError(f"seeds {bad} are outside 0..{MAX_SEED} (what numpy, torch and Ray accept)")
         return v
 
     @property
@@ -247,7 +265,7 @@ class TransferSpec(_Strict):
 
 
 class TargetSpec(_Strict):
-    width: int = Field(..., ge=1, description="Width of the large model.")
+    width: int = Field(..., ge=1, le=MAX_WIDTH, description="Width of the large model.")
     steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="Training steps of the large run. Default: the sweep's.")
     batch_size: int | None = Field(None, ge=1, le=1_000_000, description="Global batch (sequences) of the large run. Default: the sweep's.")
 
@@ -290,7 +308,7 @@ class CoordCheckSpec(_Strict):
 class StudySpec(_Strict):
     # A safe path component and label value: starts with a letter or digit (never `.` or `..`).
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", description="Study name: folder and MLflow experiment name (letters, digits, `_.-`, at most 63, starting with a letter or digit).")
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
     sweep: SweepSpec
@@ -306,12 +324,16 @@ class StudySpec(_Strict):
     @classmethod
     def _vocab_follows_tokenizer(cls, data: Any) -> Any:
         """model.vocab_size defaults to the tokenizer's, read once here so the plan carries it."""
+        section = data.get("data") if isinstance(data, dict) else None
+        tokenizer = section.get("tokenizer") if isinstance(section, dict) else getattr(section, "tokenizer", None)
+        if not isinstance(tokenizer, str) or tokenizer == "byte":
+            return data
         from hptransfer.data.tokenizer import fill_vocab_size
 
-        return fill_vocab_size(data)
+        return fill_vocab_size(data, tokenizer)
 
     @model_validator(mode="after")
-    def _cross(self) -> "StudySpec":
+    def _cross(self) -> StudySpec:
         errs = self.model.width_problems(sorted({*self.sweep.widths, self.target.width, self.base_width}))
         if self.data.tokenizer != "byte":
             from hptransfer.data.tokenizer import tokenizer_problems

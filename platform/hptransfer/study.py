@@ -89,6 +89,12 @@ class TrainPaths:
     def engine_param_groups(self) -> Path:
         return self.root / "engine_param_groups.json"
 
+    @staticmethod
+    def dp_state(checkpoint_dir: Path) -> Path:
+        """A private run's checkpoint file (model, optimizer, schedule, accountant, step, seed) inside
+        the checkpoint folder Ray Train keeps."""
+        return Path(checkpoint_dir) / "dp_state.pt"
+
 
 TRAIN_EXPERIMENT = "train"  # Ray Train run name (its folder under ray_results/)
 SWEEP_EXPERIMENT = "sweep"  # Ray Tune experiment name of the main sweep
@@ -316,7 +322,8 @@ class Study:
             ray.init(address="local", num_cpus=self.ray.num_cpus or os.cpu_count(), include_dashboard=False,
                      object_store_memory=self.ray.object_store_mb * 1024 * 1024, log_to_driver=True,
                      configure_logging=True, logging_level="INFO")
-        logs.attach_ray()
+        if logs.attach_ray() and not logs.is_verbose():
+            logs.progress(f"Ray, Ray Train and DeepSpeed output goes to {self.paths.log_file} (hpt --verbose shows it here)")
         try:
             yield
         finally:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from hptransfer.data.batches import VAL_SEED, window_starts
+
 VOCAB_SIZE = 256
 _SEP = 0  # NUL never occurs in source text: it marks file boundaries.
 
@@ -42,19 +44,23 @@ class ByteCorpus:
     val: torch.Tensor
     n_train_files: int
     n_val_files: int
+    vocab_size = VOCAB_SIZE  # the `byte` tokenizer (a class attribute, not a field)
+
+    @property
+    def n_tokens(self) -> dict[str, int]:
+        return {"train": len(self.train), "val": len(self.val)}
 
     def batch(self, split: str, step: int, batch_size: int, seq_len: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch number `step` of `split`: (inputs, next-byte targets), int64 [batch_size, seq_len]."""
         data = self.train if split == "train" else self.val
-        g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 2 + (split != "train"))
-        starts = torch.randint(0, len(data) - seq_len - 1, (batch_size,), generator=g)
+        starts = window_starts(len(data), split, step, batch_size, seq_len, seed)
         idx = starts[:, None] + torch.arange(seq_len + 1)
         chunk = data[idx].long()
         return chunk[:, :-1], chunk[:, 1:]
 
     def val_batches(self, n: int, batch_size: int, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The fixed validation set every trial is scored on (independent of the trial's seed)."""
-        return [self.batch("val", i, batch_size, seq_len, seed=12345) for i in range(n)]
+        return [self.batch("val", i, batch_size, seq_len, seed=VAL_SEED) for i in range(n)]
 
 
 @functools.lru_cache(maxsize=4)

@@ -9,6 +9,15 @@ plain `nn.Linear` readout and one global LR, so the two differ exactly where µP
 
 Llama: width = n_heads × head_dim with head_dim fixed, so the 1/√head_dim attention scaling is
 already width-independent (µP's 1/d rule matters only when head_dim itself grows).
+
+Family `hf`: any Hugging Face causal LM, its config at each width from hptransfer.models.families.
+The output layer becomes µP's readout: `MuReadout` (zero init), or `MuSharedReadout` when the config
+ties embeddings (GPT-2): the readout *is* the input embedding, read through 1/width_mult. GPT-2's
+`Conv1D` layers store weights transposed (in, out); µP's init and MuAdamW only use their width_mult,
+which is the same for both dimensions of a hidden matrix here (every growing dimension grows by one
+factor), and our SP init reads the fan-in from dimension 0 for them.
+
+The vocabulary is `ModelSpec.vocab` (the tokenizer's, 256 for bytes).
 """
 
 from __future__ import annotations
@@ -18,9 +27,8 @@ import math
 import torch
 from torch import nn
 
-from hptransfer.data.stdlib_corpus import VOCAB_SIZE
 from hptransfer.hyperparameters import Hyperparameters
-from hptransfer.spec import ModelSpec
+from hptransfer.spec import BYTE_VOCAB, ModelSpec
 
 
 class ScaledReadout(nn.Linear):
@@ -38,7 +46,7 @@ class ScaledReadout(nn.Linear):
 class ByteMLP(nn.Module):
     """A per-position MLP LM over the current and previous byte: cheap, for fast tests."""
 
-    def __init__(self, width: int, depth: int, vocab: int = VOCAB_SIZE, readout: nn.Module | None = None):
+    def __init__(self, width: int, depth: int, vocab: int = BYTE_VOCAB, readout: nn.Module | None = None):
         super().__init__()
         self.embed = nn.Embedding(vocab, width)
         self.prev_embed = nn.Embedding(vocab, width)
@@ -58,7 +66,7 @@ def _llama(spec: ModelSpec, width: int, readout: nn.Module | None):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=spec.vocab,
         hidden_size=width,
         intermediate_size=int(round(spec.ffn_mult * width)),
         num_hidden_layers=spec.depth,
@@ -77,16 +85,48 @@ def _llama(spec: ModelSpec, width: int, readout: nn.Module | None):
     return model
 
 
+def _hf(spec: ModelSpec, width: int):
+    from transformers import AutoModelForCausalLM
+
+    from hptransfer.models.families import hf_config
+
+    return AutoModelForCausalLM.from_config(hf_config(spec, width), dtype=torch.float32)
+
+
+def _hf_readout(model: nn.Module, width: int, vocab: int, mup: bool, output_mult: float) -> None:
+    """Swap the HF head for µP's readout (tied: one sharing the input embedding) or SP's ScaledReadout."""
+    old = model.get_output_embeddings()
+    bias = getattr(old, "bias", None) is not None
+    tied = old.weight is model.get_input_embeddings().weight
+    if mup:
+        from mup import MuReadout, MuSharedReadout
+
+        head = (MuSharedReadout(model.get_input_embeddings().weight, bias=bias, output_mult=output_mult) if tied else
+                MuReadout(width, vocab, bias=bias, readout_zero_init=True, output_mult=output_mult))
+    else:
+        head = ScaledReadout(width, vocab, output_mult)
+        if bias:
+            head.bias = nn.Parameter(torch.zeros(vocab))
+        if tied:
+            head.weight = model.get_input_embeddings().weight
+    model.set_output_embeddings(head)
+
+
 def _raw(spec: ModelSpec, width: int, mup: bool, output_mult: float = 1.0):
+    vocab = spec.vocab
+    if spec.family == "hf":
+        model = _hf(spec, width)
+        _hf_readout(model, width, vocab, mup, output_mult)
+        return model
     if mup:
         from mup import MuReadout
 
-        readout = MuReadout(width, VOCAB_SIZE, bias=False, readout_zero_init=True, output_mult=output_mult)
+        readout = MuReadout(width, vocab, bias=False, readout_zero_init=True, output_mult=output_mult)
     else:
-        readout = ScaledReadout(width, VOCAB_SIZE, output_mult)
+        readout = ScaledReadout(width, vocab, output_mult)
     if spec.family == "llama":
         return _llama(spec, width, readout)
-    return ByteMLP(width, spec.depth, readout=readout)
+    return ByteMLP(width, spec.depth, vocab=vocab, readout=readout)
 
 
 def _set_base_shapes(model: nn.Module, spec: ModelSpec, base_width: int, rescale_params: bool) -> None:
@@ -111,29 +151,41 @@ def build_model(spec: ModelSpec, width: int, *, base_width: int, hps: Hyperparam
     if mup:
         _set_base_shapes(model, spec, base_width, rescale_params=True)
     _init(model, hps.init_std, base_width, mup)
+    if spec.family == "hf":
+        from hptransfer.models.families import apply_attn_scale
+
+        apply_attn_scale(model, spec, base_width)
     return model
 
 
 @torch.no_grad()
 def _init(model: nn.Module, std: float, base_width: int, mup: bool) -> None:
+    """Embeddings N(0, std); hidden matrices std·√(base_width / fan_in) (µP: mup's normal_, the same
+    at the base width); µP readouts zero (a tied one is the embedding, initialised as such); biases 0."""
     from mup import MuReadout
     from mup.init import normal_ as mup_normal_
+    from transformers.pytorch_utils import Conv1D
 
-    for name, module in model.named_modules():
-        if isinstance(module, MuReadout):
+    embedding = getattr(model, "get_input_embeddings", lambda: None)()
+    for module in model.modules():
+        tied = embedding is not None and getattr(module, "weight", None) is embedding.weight and module is not embedding
+        if tied:
+            pass
+        elif isinstance(module, MuReadout):
             if module.readout_zero_init:
                 module.weight.zero_()
             else:
                 mup_normal_(module.weight, std=std)
-        elif isinstance(module, nn.Linear):
+        elif isinstance(module, (nn.Linear, Conv1D)):
+            fan_in = module.weight.shape[1 if isinstance(module, nn.Linear) else 0]  # Conv1D stores (in, out)
             if mup:
                 mup_normal_(module.weight, std=std)  # std / √width_mult for matrix-like weights
             else:
-                module.weight.normal_(0.0, std * math.sqrt(base_width / module.in_features))
-            if module.bias is not None:
-                module.bias.zero_()
+                module.weight.normal_(0.0, std * math.sqrt(base_width / fan_in))
         elif isinstance(module, nn.Embedding):
             module.weight.normal_(0.0, std)
+        if getattr(module, "bias", None) is not None and isinstance(module, (nn.Linear, Conv1D)):
+            module.bias.zero_()
 
 
 def lm_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:

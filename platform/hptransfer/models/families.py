@@ -163,7 +163,7 @@ def width_overrides(spec: ModelSpec, width: int) -> dict[str, Any]:
     assert isinstance(cfg, dict), "family hf needs model.config (a mapping once the spec is loaded)"
     f = width_fields(cfg["model_type"])
     heads, head_dim = heads_at(spec, width)
-    out: dict[str, Any] = {f.hidden: width, f.ffn: int(round(spec.ffn_mult * width)), f.heads: heads,
+    out: dict[str, Any] = {f.hidden: width, f.ffn: round(spec.ffn_mult * width), f.heads: heads,
                            f.layers: spec.depth, f.positions: spec.seq_len, f.vocab: spec.vocab}
     if f.kv_heads:
         out[f.kv_heads] = heads // int(gqa_group(cfg))

@@ -100,7 +100,16 @@ def _summary(spec, plan, final: dict | None) -> str:
                 ["target train loss", _g(final.get("train_loss"))],
                 ["steps, status", f"{_g(final.get('step'))}, {_g(final.get('status'))}"],
                 ["wall time (s)", _g(final.get("wall_s"), ".0f")]]
+    if plan.diagnostics.get("predicted_target_loss_interval"):
+        lo, hi = plan.diagnostics["predicted_target_loss_interval"]
+        res.insert(1, ["predicted interval (95%)", f"{_g(lo)} – {_g(hi)}"])
     out += "<h2>Target run</h2>" + _table(["", ""], res, left=1)
+    if final:
+        from hptransfer.transfer.diagnostics import check_target
+
+        check = check_target(d, final.get("val_loss"))
+        cls = "ok" if check["verdict"] in ("ok", "unchecked") else "warn"
+        out += f'<div class="{cls}"><b>{_e(check["verdict"])}</b>: ' + "; ".join(_e(m) for m in check["messages"]) + "</div>"
     if not final:
         out += _missing(str(_NAMES.train.metrics), f"hpt train STUDY_DIR/{_NAMES.plan.name}")
     return out

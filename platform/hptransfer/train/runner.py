@@ -17,7 +17,8 @@ def run_train(study: Study, plan: TransferPlan, *, resume: bool = False, restart
               mlflow_every: int | None = None) -> dict:
     """Run (or, with resume=True, continue from its latest checkpoint) the large run into the
     study's train/ folder. Rank 0's progress lines are printed (`hptransfer.logs.progress`) as they
-    come; MLflow gets every step's metrics in batches of `mlflow_every` steps (default ceil(steps / 50))."""
+    come; MLflow gets every step's metrics, written at most every 10 s of training (every
+    `mlflow_every` steps if set)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -31,7 +32,7 @@ def run_train(study: Study, plan: TransferPlan, *, resume: bool = False, restart
     previous = paths.ray_experiment
     if previous.exists() and restart:
         aside = study.move_aside(paths.ray_storage, paths.metrics, paths.hf_model, paths.progress,
-                                  paths.progress_log, paths.plan)
+                                 paths.progress_log, paths.plan)
         log(f"restart: the previous large run was moved to {aside}")
     elif previous.exists() and not resume:
         raise PlanError(f"{paths.root} already holds a training run; pass --resume to continue it from its latest "

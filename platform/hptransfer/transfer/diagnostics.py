@@ -362,9 +362,58 @@ def diagnose(fits: dict[int, dict[str, OptimumFit]], tuned: list[str], log_scale
     if loss_fit is not None:
         out["loss_gap_at_source"] = loss_fit["A"] * source_width ** -loss_fit["alpha"]
         out["predicted_target_loss"] = loss_fit["phi_inf"] + loss_fit["A"] * target_width ** -loss_fit["alpha"]
+        out["predicted_target_loss_interval"] = _target_loss_interval(
+            widths, [best[w] for w in widths], [fits[w][hp] for w in widths], target_width, seed=seed)
+    out["ladder_best_loss"] = min(best.values()) if best else None
 
     out["warnings"] = warnings + _warnings(fits, widths, hp, rule, verdict, fast, trend)
     return out
+
+
+def _target_loss_interval(widths, losses, fits, target_width: int, n_boot: int = 200, seed: int = 0):
+    """95% interval of the loss law's prediction at the target: redraw each width's best loss from
+    its standard error (the measured noise / √seeds, floored at 0.5% of the loss — a fit to three
+    exact points would otherwise claim certainty), refit, predict; the 2.5/97.5% quantiles of the
+    refits that still fall with width. None when under half of them do."""
+    rng = np.random.default_rng(seed)
+    L = np.asarray(losses, float)
+    se = np.array([max(f.loss_se or 0.0, 0.005 * abs(l)) for f, l in zip(fits, L)])
+    preds = []
+    for _ in range(n_boot):
+        fit = fit_loss_vs_width(widths, L + rng.normal(0, se))
+        if fit is not None:
+            preds.append(fit["phi_inf"] + fit["A"] * target_width ** -fit["alpha"])
+    if len(preds) < n_boot / 2:
+        return None
+    return [float(np.quantile(preds, 0.025)), float(np.quantile(preds, 0.975))]
+
+
+def check_target(diagnostics: dict, measured: float | None) -> dict:
+    """After the large run: is the target inside the predicted interval, and not worse than the
+    best of its narrower ladder ("wider is better" at fixed hyperparameters, Tensor Programs V)?
+    Returns {"verdict": "ok" | "worse than predicted" | "worse than the ladder" | "unchecked",
+    "messages": [...]}; any verdict but ok/unchecked is a warning to show loudly."""
+    if measured is None or not math.isfinite(measured):
+        return {"verdict": "unchecked", "messages": ["the large run has no finite validation loss"]}
+    msgs, verdict = [], "ok"
+    interval = diagnostics.get("predicted_target_loss_interval")
+    ladder = diagnostics.get("ladder_best_loss")
+    if interval:
+        lo, hi = interval
+        if measured > hi:
+            verdict = "worse than predicted"
+            msgs.append(f"target val loss {measured:.4g} is above the predicted interval [{lo:.4g}, {hi:.4g}]")
+        else:
+            msgs.append(f"target val loss {measured:.4g} {'inside' if measured >= lo else 'below'} the predicted "
+                        f"interval [{lo:.4g}, {hi:.4g}]")
+    else:
+        msgs.append("no predicted interval (needs ≥ 3 widths whose best loss falls with width)")
+    if ladder is not None and measured > ladder:
+        verdict = "worse than the ladder" if verdict == "ok" else verdict
+        msgs.append(f"target val loss {measured:.4g} is WORSE than the ladder's best {ladder:.4g}: a wider model "
+                    "should not lose at the same horizon and hyperparameters (a short horizon, noise, or a transfer "
+                    "that did not hold — compare seeds before trusting the plan)")
+    return {"verdict": verdict, "messages": msgs}
 
 
 def _curvature_fit(fits: dict[int, dict[str, OptimumFit]], hp: str) -> OptimumFit | None:

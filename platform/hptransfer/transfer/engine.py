@@ -18,7 +18,7 @@ from hptransfer.errors import ResultsError
 from hptransfer.hyperparameters import LOG_SCALE, TUNABLE
 from hptransfer.models.optim import FINAL_LR_FRACTION
 from hptransfer.plan import TargetShape, TransferPlan
-from hptransfer.spec import StudySpec, parse_spec, spec_hash
+from hptransfer.spec import MAX_WIDTH, StudySpec, parse_spec, spec_hash
 from hptransfer.transfer.baselines import baselines_for
 from hptransfer.transfer.diagnostics import diagnose
 from hptransfer.transfer.optimum import OptimumFit, fit_optimum
@@ -48,9 +48,9 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
     if df.empty:
         raise ResultsError(source, ["the table has no rows; run the sweep first"])
     width = pd.to_numeric(df["width"], errors="coerce")
-    bad = df.loc[~np.isfinite(width) | (width <= 0) | (width != width.round()), "width"]
+    bad = df.loc[~np.isfinite(width) | (width <= 0) | (width != width.round()) | (width > MAX_WIDTH), "width"]
     if len(bad):
-        problems.append(f"column `width` must hold positive integers, got {bad.unique()[:5].tolist()}")
+        problems.append(f"column `width` must hold positive integers up to {MAX_WIDTH:,}, got {bad.unique()[:5].tolist()}")
     seed = pd.to_numeric(df["seed"], errors="coerce")
     bad = df.loc[~np.isfinite(seed) | (seed != seed.round()) | (seed.abs() > 2**31), "seed"]
     if len(bad):
@@ -104,8 +104,9 @@ def check_results_belong(results: pd.DataFrame, spec: StudySpec, sweep_hash: str
         if found:
             problems.append(f"the table comes from another sweep (spec_hash {found}, this spec's is {sweep_hash}); rerun "
                             "`hpt sweep` with this spec (add --restart to replace the old results) or restore the old spec")
-    widths = pd.to_numeric(results.get("width"), errors="coerce")
-    extra = sorted({int(w) for w in widths.dropna().unique()} - set(spec.sweep.widths))
+    # (a missing or non-numeric `width` column is check_results' to report, with the other problems)
+    widths = pd.to_numeric(results["width"], errors="coerce") if "width" in results.columns else pd.Series(dtype=float)
+    extra = sorted({int(w) for w in widths[np.isfinite(widths)].unique()} - set(spec.sweep.widths))
     if extra:
         problems.append(f"widths {extra} are not in sweep.widths {spec.sweep.widths}; the table belongs to another spec")
     for hp, values in spec.sweep.grid.items():
@@ -197,9 +198,12 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
                   censored={w: {hp: f.censored for hp, f in per.items()} for w, per in fits.items()})
     tgt = Target(width=spec.target.width, steps=spec.target_steps, batch_size=spec.target_batch_size,
                  proxy_steps=spec.sweep.steps, proxy_batch_size=spec.sweep.batch_size,
-                 warmup_timescale=spec.transfer.warmup_timescale, dp=spec.dp)
+                 warmup_timescale=spec.transfer.warmup_timescale, dp=_dp_config(spec))
     rule = spec.transfer.rule
     res = RULES[rule](ev, tgt)
+    # A rule may choose the target's batch and steps itself (`dp`: B and T from the privacy budget).
+    target_batch = res.target_batch_size or spec.target_batch_size
+    target_steps = res.target_steps or spec.target_steps
     # The rule's width transfer alone (proxy batch/steps): what the predicted penalty is about.
     width_only = RULES[rule](ev, replace(tgt, steps=tgt.proxy_steps, batch_size=tgt.proxy_batch_size))
     diag = diagnose(fits, tuned, LOG_SCALE, rule, spec.model.parametrization,
@@ -216,16 +220,15 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
     m = spec.model
     return TransferPlan(
         study=spec.name, rule=rule, model=m, base_width=spec.base_width,
-        target=TargetShape(width=spec.target.width, steps=spec.target_steps,
-                           batch_size=spec.target_batch_size, seq_len=m.seq_len),
+        target=TargetShape(width=spec.target.width, steps=target_steps, batch_size=target_batch, seq_len=m.seq_len),
         hyperparameters={k: float(v) for k, v in res.hyperparameters.items()},
         param_group_multipliers=res.param_group_multipliers,
         schedule=_clean({**(res.schedule or {"kind": "none"}), "base": {
             "warmup": "linear", "warmup_steps": res.hyperparameters.get("warmup_steps", 0.0),
             "decay": "cosine", "final_lr_fraction": FINAL_LR_FRACTION}}),
         heuristics=_clean(res.heuristics),
-        baselines=_clean(baselines_for(m.family, spec.target.width, m.depth, m.ffn_mult, spec.target_steps,
-                                       spec.target_batch_size, m.seq_len, plan_lr=hidden_lr)),
+        baselines=_clean(baselines_for(m.family, spec.target.width, m.depth, m.ffn_mult, target_steps,
+                                       target_batch, m.seq_len, plan_lr=hidden_lr)),
         data=spec.data, train=spec.train, seed=spec.seed,
         # Width keys are strings: that is what YAML/JSON give back, so a loaded plan equals this one.
         diagnostics=_clean({
@@ -240,6 +243,27 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
         provenance=_clean({"spec_hash": spec_hash(spec), "results_hash": table_hash(results), **(provenance or {})}),
         **res.extras,
     )
+
+
+def _dp_config(spec: StudySpec):
+    """The spec's `dp:` block with N filled in from the data when it is null: the number of private
+    sequences the corpus offers (`dp.lm.sequence_count`). Re-validated, so δ ≥ 1/N and B > N are
+    reported as DP errors naming the field."""
+    from pydantic import ValidationError
+
+    from hptransfer.errors import DPError, problems_from_validation
+
+    cfg = spec.dp
+    if cfg is None or spec.transfer.rule != "dp" or cfg.dataset_size is not None:
+        return cfg
+    from hptransfer.dp.lm import sequence_count
+
+    n = sequence_count(spec.data, spec.model.seq_len)
+    try:
+        return cfg.with_dataset_size(n)
+    except ValidationError as e:
+        raise DPError(f"dp (dataset_size derived from the data: N = {n} sequences of {spec.model.seq_len + 1} "
+                      "tokens)", problems_from_validation(e, prefix="dp")) from None
 
 
 # --- standalone use: a results table from any tool, no spec -------------------------------------

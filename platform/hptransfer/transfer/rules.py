@@ -55,6 +55,10 @@ class RuleResult:
     heuristics: list[dict] = field(default_factory=list)
     source_width: int | None = None  # the swept width whose optimum was carried over
     extras: dict[str, Any] = field(default_factory=dict)  # extra top-level plan sections (e.g. `dp`)
+    # A rule that chooses the target's batch size and steps itself (`dp`: B and T from the privacy
+    # budget) sets these; the plan's `target` then carries them instead of the spec's.
+    target_batch_size: int | None = None
+    target_steps: int | None = None
 
 
 Rule = Callable[[Evidence, Target], RuleResult]
@@ -283,22 +287,46 @@ def dp_rule(ev: Evidence, target: Target) -> RuleResult:
     """DP fine-tuning (paper 1: Rehn et al., arXiv 2510.20616). Under a fixed epoch budget the
     cumulative noise σ·√T decides: B is the smallest feasible batch whose σ√T is within the tolerance
     of the minimum (at tight ε σ√T plateaus, so small B costs no noise and buys steps); C comes from a
-    grid shifted upward as ε falls; the swept LR moves with the batch as η·√(B′/B) (a heuristic, for
-    Adam). The width transfer underneath is µP's: the widest swept optimum is used as is.
-    The σ√T table is kept in the plan's `dp` section as the evidence."""
+    grid shifted upward as ε falls. The plan's target batch size and steps ARE the DP choice (B, T):
+    σ was computed for exactly that (q = B/N, T), so any other B or T would spend another ε.
+
+    Learning rate, one value (the plan's `dp.lr_source` says which):
+    - `dp.lr` given: an LR already tuned under DP at `dp.lr_reference_batch`, moved to B by paper 1's
+      square-root rule η·√(B/B_ref);
+    - else the non-private sweep optimum of the source width × √(B/B_proxy) (Adam's √ rule, a
+      heuristic across the private/non-private gap: a starting point for the DP LR search).
+    The width transfer underneath is µP's: the widest swept optimum is used as is; warmup keeps its
+    fraction of the run (T/T_proxy). The σ√T table is kept in the plan's `dp` section as the evidence."""
     from hptransfer.dp.plan import dp_plan_for
 
     if target.dp is None:
         raise ValueError("rule `dp` needs a `dp:` block in the spec (epsilon, delta, dataset_size, epochs)")
     dpp = dp_plan_for(target.dp)
     src = source_width(ev, target)
-    hps = base_hps(ev, src)
-    scale = math.sqrt(dpp.batch_size / target.proxy_batch_size)
-    hps["lr"] = hps["lr"] * scale
-    res = RuleResult(hps, source_width=src, notes=[
-        f"DP: B={dpp.batch_size} (q={dpp.sample_rate:.4g}, T={dpp.steps}), σ={dpp.noise_multiplier:.4g}, "
-        f"C grid {[round(c, 4) for c in dpp.clip_grid]}; lr × √(B/B_proxy) = ×{scale:.3g}"])
-    res.heuristics.append({"name": "dp-lr-sqrt-batch", "factor": scale, "from_batch": target.proxy_batch_size,
-                           "to_batch": dpp.batch_size, "note": "Adam: lr × √(B′/B), a heuristic (paper 1)"})
-    res.extras["dp"] = dpp.model_dump(mode="json")
+    # Steps: the warmup keeps its fraction of the run (batch unchanged here: the LR is set below).
+    hps, used = adjust_for_batch_and_steps(base_hps(ev, src), 1, 1, target.proxy_steps, dpp.steps, False)
+    cfg = target.dp
+    if cfg.lr is not None and cfg.lr_reference_batch is not None:
+        source, from_lr, from_batch = "dp.lr", cfg.lr, cfg.lr_reference_batch
+        why = f"dp.lr={cfg.lr:g} tuned under DP at B_ref={from_batch}, moved to B={dpp.batch_size}"
+    else:
+        source, from_lr, from_batch = "sweep", hps["lr"], target.proxy_batch_size
+        why = (f"no dp.lr: the non-private sweep optimum {from_lr:.4g} (width {src}, batch {from_batch}) moved to "
+               f"B={dpp.batch_size}; set dp.lr and dp.lr_reference_batch to use an LR tuned under DP")
+    scale = math.sqrt(dpp.batch_size / from_batch)
+    hps["lr"] = from_lr * scale
+    res = RuleResult({k: float(v) for k, v in hps.items()}, source_width=src, heuristics=used,
+                     param_group_multipliers=group_multipliers(ev.parametrization, target.width / ev.base_width),
+                     target_batch_size=dpp.batch_size, target_steps=dpp.steps, notes=[
+        f"DP: target B={dpp.batch_size} (q={dpp.sample_rate:.4g}) and T={dpp.steps} steps are the DP plan's "
+        f"choice (not target.batch_size/steps), σ={dpp.noise_multiplier:.4g}, "
+        f"C={dpp.clip:g} from the grid {[round(c, 4) for c in dpp.clip_grid]}",
+        f"lr from {source}: {why}: lr = {from_lr:.4g} × √({dpp.batch_size}/{from_batch}) = {hps['lr']:.4g}"])
+    res.heuristics.append({"name": "dp-lr-sqrt-batch", "kind": "heuristic", "factor": scale, "applies_to": "lr",
+                           "lr_source": source, "from_lr": from_lr, "from_batch": from_batch,
+                           "to_batch": dpp.batch_size, "source": "Malladi et al. 2022, arXiv 2205.10287; paper 1",
+                           "why": "Adam: lr × √(B′/B)"})
+    # One LR in the plan: the dp block's `lr` is the plan's, with where it came from.
+    res.extras["dp"] = {**dpp.model_dump(mode="json"), "lr": hps["lr"], "lr_scale": scale, "lr_source": source,
+                        "lr_from": {"lr": from_lr, "batch_size": from_batch}}
     return res
