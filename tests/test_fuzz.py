@@ -10,7 +10,7 @@ import copy
 import itertools
 import math
 import typing
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import hypothesis
@@ -23,14 +23,15 @@ from hypothesis.control import currently_in_test_context
 from pydantic import BaseModel
 from typer.testing import CliRunner
 
-from conftest import tiny_spec_dict
 from hptransfer.errors import HptError, PlanError, SpecError
 from hptransfer.hyperparameters import TUNABLE
 from hptransfer.plan import TransferPlan, parse_plan
 from hptransfer.spec import RULE_NAMES, StudySpec, parse_spec
 
-FUZZ = dict(deadline=None, derandomize=True, database=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+from conftest import tiny_spec_dict
+
+FUZZ = {"deadline": None, "derandomize": True, "database": None,
+        "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]}
 RULES = [r for r in RULE_NAMES if r != "dp"]
 
 
@@ -81,10 +82,10 @@ def field_paths(model: type[BaseModel], prefix: tuple = ()) -> list[tuple]:
     """Every field path of a pydantic model, recursing into nested models (also `X | None`)."""
     out = []
     for name, f in model.model_fields.items():
-        out.append(prefix + (name,))
+        out.append((*prefix, name))
         for a in typing.get_args(f.annotation) or (f.annotation,):
             if isinstance(a, type) and issubclass(a, BaseModel):
-                out += field_paths(a, prefix + (name,))
+                out += field_paths(a, (*prefix, name))
     return out
 
 
@@ -92,10 +93,10 @@ def leaf_paths(obj, prefix: tuple = ()) -> list[tuple]:
     out = [prefix] if prefix else []
     if isinstance(obj, dict):
         for k, v in obj.items():
-            out += leaf_paths(v, prefix + (k,))
+            out += leaf_paths(v, (*prefix, k))
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
-            out += leaf_paths(v, prefix + (i,))
+            out += leaf_paths(v, (*prefix, i))
     return out
 
 
@@ -374,6 +375,28 @@ def test_fuzz_results_tables_make_a_finite_plan_or_refuse(df, rule, target_width
     check_plan(plan)
 
 
+def test_every_results_column_with_every_extreme_cell():
+    """Exhaustive single-cell and whole-column mutations of a good table, rules taken in turn."""
+    from hptransfer.transfer.engine import make_plan, standalone_spec
+
+    rules = itertools.cycle(RULES)
+    base = pd.DataFrame([{"width": w, "lr": lr, "seed": 0, "val_loss": 3 + 0.1 * math.log(lr / 0.02) ** 2 + w ** -0.5,
+                          "status": "ok"} for w in (16, 32, 64) for lr in (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)])
+    failures = []
+    for col in [*base.columns, "weight_decay"]:
+        for v in EXTREMES[:14]:
+            for op in (("cell", col, 7, v), ("column", col, 0, v)):
+                df, rule = apply_table(base, op), next(rules)
+                try:
+                    try:
+                        check_plan(make_plan(standalone_spec(df, rule=rule, target_width=256), df))
+                    except HptError as e:
+                        assert_problems_say_something(e)
+                except Exception as e:
+                    failures.append(f"{op[:2]} {repr(v)[:40]} {rule}: {type(e).__name__}: {str(e)[:200]}")
+    assert not failures, "\n".join(failures)
+
+
 def _study(fuzz_dir: Path, table: pd.DataFrame, spec_over: dict):
     from hptransfer.spec import sweep_hash
     from hptransfer.study import Study
@@ -419,7 +442,7 @@ def _minimal_plan() -> dict:
             "data": spec.data.model_dump(), "train": spec.train.model_dump()}
 
 
-@lru_cache(maxsize=None)
+@cache
 def _real_plans() -> tuple[dict, ...]:
     """Plans as `hpt transfer` writes them (diagnostics, schedule, heuristics, baselines, multipliers)."""
     from hptransfer.transfer.engine import make_plan
@@ -474,11 +497,31 @@ def test_fuzz_plans_parse_or_refuse_cleanly(data):
     event("accepted")
     assert_finite(plan.model_dump())
     # What every consumer of a loaded plan reads must work on anything that validates.
-    plan.hps
+    assert plan.hps.lr > 0
     caveats(plan)
     assert_finite(deepspeed_config(plan))
     assert_finite(hf_training_args(plan))
     torchtitan_toml(plan)
+
+
+def test_every_plan_field_with_every_extreme_value():
+    from hptransfer.transfer.exports import caveats
+
+    failures = []
+    for base in _real_plans():
+        for path in sorted(set(PLAN_PATHS) | set(leaf_paths(base)), key=repr):
+            for op in [("del", path)] + [("set", path, copy.deepcopy(v)) for v in EXTREMES]:
+                try:
+                    try:
+                        plan = parse_plan(apply(copy.deepcopy(base), op))
+                    except PlanError as e:
+                        assert_problems_say_something(e)
+                        continue
+                    assert_finite(plan.model_dump())
+                    caveats(plan)
+                except Exception as e:
+                    failures.append(f"{op[:2]} {repr(op[2:])[:40]}: {type(e).__name__}: {str(e)[:200]}")
+    assert not failures, "\n".join(failures)
 
 
 @settings(max_examples=6, **FUZZ)

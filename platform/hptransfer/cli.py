@@ -191,6 +191,6 @@ app.command("transfer")(transfer_cli.transfer)
 app.command("export")(transfer_cli.export)
 app.add_typer(deploy_cli.app, name="k8s")
 app.command("report")(report_cli.report)
-from hptransfer.data import cli as data_cli  # noqa: E402
+from hptransfer.data import cli as data_cli
 
 app.add_typer(data_cli.app, name="data")

@@ -76,7 +76,7 @@ def coord_check(study: Study, widths: list[int] | None = None, batch_size: int =
     import torch
     from mup.coord_check import get_coord_data, plot_coord_data
 
-    from hptransfer.data import load_corpus
+    from hptransfer.data import open_corpus
     from hptransfer.models import build_model
 
     os.environ.setdefault("MPLBACKEND", "Agg")
@@ -84,7 +84,7 @@ def coord_check(study: Study, widths: list[int] | None = None, batch_size: int =
     cc, m = spec.coord_check, spec.model
     hps = Hyperparameters.of(spec.sweep.fixed)
     widths = widths or cc.widths or list(spec.sweep.widths)
-    corpus = load_corpus(spec.data.val_fraction, spec.data.max_files)
+    corpus = open_corpus(spec.data, seq_len=m.seq_len)
     x, y = corpus.batch("train", 0, batch_size, m.seq_len, seed=seed)
     batches = [(x, y.reshape(-1))]  # fix_data: the same batch every step, as in mup's own examples
 

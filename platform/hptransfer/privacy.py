@@ -32,6 +32,14 @@ class DPConfig(BaseModel):
     lr: float | None = Field(None, gt=0, description="A learning rate tuned at lr_reference_batch; the plan scales it by √(B/B_ref). Null: the plan reports only the scale factor.")
     lr_reference_batch: int | None = Field(None, ge=1, description="B_ref, the batch size lr was tuned at. Required when lr is set.")
 
+    @field_validator("*")
+    @classmethod
+    def _fits_int64(cls, v):
+        # Opacus and numpy hold 64-bit integers: N or B like 10**30 is a typo, not a budget.
+        if any(isinstance(x, int) and not isinstance(x, bool) and abs(x) >= 2**63 for x in (v if isinstance(v, list) else [v])):
+            raise ValueError(f"{v} is beyond any real setting (and 64-bit integers); use a realistic value")
+        return v
+
     # Field validators (not one model validator) so these errors are reported together with any
     # other bad field, e.g. `epsilon=0` and `delta ≥ 1/N` at once. They see fields declared above.
     @field_validator("delta")

@@ -9,10 +9,10 @@ tokenizer's end-of-sequence token (none when it has none).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from hptransfer.data.errors import DataError

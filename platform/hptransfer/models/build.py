@@ -68,7 +68,7 @@ def _llama(spec: ModelSpec, width: int, readout: nn.Module | None):
     cfg = LlamaConfig(
         vocab_size=spec.vocab,
         hidden_size=width,
-        intermediate_size=int(round(spec.ffn_mult * width)),
+        intermediate_size=round(spec.ffn_mult * width),
         num_hidden_layers=spec.depth,
         num_attention_heads=width // spec.head_dim,
         num_key_value_heads=width // spec.head_dim,

@@ -27,11 +27,11 @@ def trial_hps(spec: StudySpec, point: dict) -> Hyperparameters:
 def train_proxy(spec: StudySpec, width: int, hps: Hyperparameters, seed: int, report: Reporter | None = None,
                 n_reports: int = 4) -> dict:
     """Train one proxy model; returns the final metrics. `report` gets `n_reports` evaluations."""
-    from hptransfer.data import load_corpus
+    from hptransfer.data import open_corpus
     from hptransfer.models import evaluate, lm_logits, training_setup
 
     t0 = time.perf_counter()
-    corpus = load_corpus(spec.data.val_fraction, spec.data.max_files)
+    corpus = open_corpus(spec.data, seq_len=spec.model.seq_len, steps=spec.sweep.steps, batch_size=spec.sweep.batch_size)
     val = corpus.val_batches(spec.data.eval_batches, spec.sweep.batch_size, spec.model.seq_len)
     steps = spec.sweep.steps
     run = training_setup(spec.model, width, base_width=spec.base_width, hps=hps, total_steps=steps, seed=seed,

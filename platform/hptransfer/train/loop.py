@@ -70,7 +70,7 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
     import torch.distributed as dist
 
-    from hptransfer.data import load_corpus
+    from hptransfer.data import open_corpus
     from hptransfer.io import write_json
     from hptransfer.models import evaluate
     from hptransfer.models.handoff import save_handoff
@@ -107,7 +107,7 @@ def train_loop_per_worker(config: dict) -> None:
                              every_steps=every_steps, every_s=None if every_steps else MLFLOW_FLUSH_S)
     if restored:
         tracker.set_tags({"resumed_from_step": start})
-    corpus = load_corpus(plan.data.val_fraction, plan.data.max_files)
+    corpus = open_corpus(plan.data, seq_len=T, steps=steps, batch_size=B)
     val = corpus.val_batches(plan.data.eval_batches, min(B, 16), T)
     micro = ds_cfg["train_micro_batch_size_per_gpu"]
     every = plan.train.checkpoint_every
