@@ -1,8 +1,9 @@
-"""`hpt train PLAN` on a `dp` plan: the byte-level LM trained privately on Ray Train workers with real
-Opacus (DPDDP over gloo), Poisson sampling at q = B/N with the plan's B, T, σ and C, ε logged per
-epoch to MLflow and written to train_metrics.json, and a worker killed mid-run resuming with the
-accountant's state so ε equals an uninterrupted run's. Bad DP input fails with DP errors (exit 2)
-before any worker starts."""
+"""`hpt train PLAN` on a `dp` plan: a language model DP-fine-tuned on Ray Train workers with real Opacus
+(DPDDP over gloo). The scenario is the user's: a private JSON Lines corpus fine-tunes a µP Llama
+handed off by an earlier study (its hf_model/), with Poisson sampling at q = B/N and the plan's B, T,
+σ and C; ε is logged per epoch to MLflow and written to train_metrics.json; a worker killed mid-run
+resumes with the accountant's state, so ε equals an uninterrupted run's. Bad DP input fails with DP
+errors (exit 2) before any worker starts."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import pytest
 import torch
 
 from hptransfer.errors import DPError
+from hptransfer.hyperparameters import Hyperparameters
+from hptransfer.models import build_model, evaluate
 from hptransfer.plan import TransferPlan, save_plan
 from hptransfer.spec import parse_spec
 from hptransfer.study import Study
@@ -30,23 +33,55 @@ from conftest import tiny_spec_dict
 N, EPOCHS, B = 256, 3, 32  # T = ceil(E·N/B) = 24 steps, 3 expected epochs of 8 steps
 T = 24
 EPSILON, DELTA = 4.0, 1e-4
+MODEL = {"family": "llama", "depth": 1, "head_dim": 16, "seq_len": 16, "parametrization": "mup"}
 
 
-def _spec(**dp):
+@pytest.fixture(scope="module")
+def private_jsonl(tmp_path_factory) -> Path:
+    """A small private corpus, one record per line (synthetic, offline)."""
+    import random
+
+    rng = random.Random(0)
+    words = ["patient", "visited", "clinic", "reported", "mild", "pain", "dose", "was", "adjusted", "follow", "up", "in", "two", "weeks"]
+    path = tmp_path_factory.mktemp("private") / "records.jsonl"
+    path.write_text("".join(json.dumps({"text": f"record {i}: " + " ".join(rng.choice(words) for _ in range(12))}) + "\n"
+                            for i in range(400)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def handed_off(tmp_path_factory) -> Path:
+    """What an earlier study's large run hands off (train/hf_model/): a µP Llama at the target width,
+    saved by `save_handoff` (readout folded); its own base width differs from the DP study's."""
+    from hptransfer.models.handoff import save_handoff
+    from hptransfer.spec import ModelSpec
+
+    spec = ModelSpec(**MODEL)
+    model = build_model(spec, 32, base_width=32, hps=Hyperparameters(output_mult=2.0), seed=3)
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 0.02)  # a trained readout is not zero
+    out = tmp_path_factory.mktemp("earlier_study") / "hf_model"
+    save_handoff(model, out, spec_model=spec, width=32, base_width=32)
+    return out
+
+
+def _spec(corpus: Path, init_from: Path | None, **dp):
     return parse_spec(tiny_spec_dict(
-        name="dp-lm", model={"family": "mlp", "depth": 1, "seq_len": 16, "parametrization": "mup"},
+        name="dp-lm", model=MODEL,
+        data={"corpus": "files", "paths": [str(corpus)], "cache_dir": str(corpus.parent / "cache"), "eval_batches": 2},
         sweep={"widths": [16, 32], "grid": {"lr": [0.003, 0.01, 0.03]}, "steps": 12, "batch_size": 8,
                "fixed": {"warmup_steps": 2}},
         target={"width": 32}, transfer={"rule": "dp"},
         train={"workers": 2, "checkpoint_every": 4, "eval_every": 12, "max_failures": 2},
         dp={"epsilon": EPSILON, "delta": DELTA, "dataset_size": N, "epochs": EPOCHS, "batch_sizes": [B],
-            "min_steps": 8, "accountant": "rdp", "clip_reference": 1.0, **dp}))
+            "min_steps": 8, "accountant": "rdp", "clip_reference": 1.0,
+            "init_from": str(init_from) if init_from else None, **dp}))
 
 
 @pytest.fixture(scope="module")
-def plan() -> TransferPlan:
+def plan(private_jsonl, handed_off) -> TransferPlan:
     """The plan `hpt transfer` makes for the DP study (rule `dp`, item 2): it is what gets trained."""
-    return make_plan(_spec(), synthetic_sweep([16, 32], [0.003, 0.01, 0.03], nu_inf=0.01))
+    return make_plan(_spec(private_jsonl, handed_off), synthetic_sweep([16, 32], [0.003, 0.01, 0.03], nu_inf=0.01))
 
 
 def _edit(plan: TransferPlan, target: dict | None = None, config: dict | None = None, **dp) -> TransferPlan:
@@ -67,16 +102,34 @@ def test_the_plan_fixes_n_b_t_sigma_and_c(plan):
     assert run.planned_epsilon <= EPSILON and run.epochs == EPOCHS
 
 
-def test_private_examples_are_non_overlapping_sequences_of_the_corpus(plan):
-    from hptransfer.data import load_corpus
+def test_private_examples_are_non_overlapping_sequences_of_the_jsonl_corpus(plan):
+    from hptransfer.data import open_corpus
     from hptransfer.dp.lm import private_sequences, sequence_count
 
-    train = load_corpus(plan.data.val_fraction, plan.data.max_files).train
-    assert sequence_count(plan.data, 16) == len(train) // 17
+    train = torch.from_numpy(open_corpus(plan.data).train.astype("int64"))  # the prepared training tokens
+    assert sequence_count(plan.data, 16) == len(train) // 17 >= N
     seqs = private_sequences(plan.data, 16, N)
-    assert seqs.shape == (N, 17) and torch.equal(seqs.flatten(), train[:N * 17].long())
+    assert seqs.shape == (N, 17) and torch.equal(seqs.flatten(), train[:N * 17])
     with pytest.raises(ValueError, match="fewer than N"):
         private_sequences(plan.data, 16, len(train))
+
+
+def test_a_handed_off_model_starts_the_plans_model_with_its_logits(handed_off):
+    """Weights of another study (base width 32, output_mult 2) go into the plan's model (base width
+    16, output_mult 1): the readout is unfolded with the plan's multiplier, so the logits are equal."""
+    from hptransfer.dp.lm import check_init_from, load_init_from
+    from hptransfer.models import lm_logits
+    from hptransfer.models.handoff import load_handoff
+    from hptransfer.spec import ModelSpec
+
+    spec = ModelSpec(**MODEL)
+    model = build_model(spec, 32, base_width=16, seed=0)
+    assert check_init_from(handed_off, model) == []
+    load_init_from(model, handed_off)
+    x = torch.randint(0, 256, (2, 16))
+    torch.testing.assert_close(lm_logits(model, x), lm_logits(load_handoff(handed_off), x))
+    wider = build_model(spec, 64, base_width=16, seed=0)
+    assert any("shapes differ" in p for p in check_init_from(handed_off, wider))
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
@@ -115,6 +168,7 @@ def test_opacus_per_example_gradients_of_the_mup_lm_are_exact():
     ({"config": {"dataset_size": 10**9, "delta": 1e-12}}, "dp.config.dataset_size", "exceeds the"),
     ({"target": {"steps": 4 * T}}, "", "spends ε="),
     ({"noise_multiplier": 0.0}, "dp.noise_multiplier", "> 0"),
+    ({"config": {"init_from": "/nonexistent/hf_model"}}, "dp.config.init_from", "is not a folder"),
 ])
 def test_bad_dp_plans_are_refused_before_training(plan, edit, where, text):
     from hptransfer.dp.lm import sequence_count
@@ -190,7 +244,16 @@ def test_private_run_spends_at_most_epsilon_and_logs_it_per_epoch(uninterrupted,
     eps = MlflowClient(tracking).get_metric_history(metrics["mlflow_run_id"], "epsilon_spent")
     assert [m.step for m in eps] == [8, 16, 24]
     assert eps[0].value < eps[1].value < eps[2].value == pytest.approx(final["epsilon_spent"])
-    assert final["val_loss"] < math.log(256)  # it learned something under noise
+    # It fine-tuned the handed-off model (its starting val loss is that model's) and learned from the
+    # private records under noise.
+    from hptransfer.data import open_corpus
+    from hptransfer.models.handoff import load_handoff
+
+    val = open_corpus(plan.data).val_batches(plan.data.eval_batches, min(B, 16), 16)
+    assert final["initial_val_loss"] == pytest.approx(evaluate(load_handoff(plan.dp["config"]["init_from"]), val),
+                                                      rel=1e-5)
+    assert final["val_loss"] < final["initial_val_loss"] - 0.1
+    assert (out / "hf_model" / "config.json").exists()
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from conftest import ROOT, tiny_spec_dict
 from hptransfer import coordcheck
 from hptransfer.hyperparameters import Hyperparameters
 from hptransfer.models import build_model, lm_logits
@@ -17,6 +16,8 @@ from hptransfer.models.families import COORD_CHECK_MODULES, hf_config
 from hptransfer.spec import SpecError, load_spec, parse_spec
 from hptransfer.study import Study
 from hptransfer.sweep.trial import train_proxy
+
+from conftest import ROOT, tiny_spec_dict
 
 NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 ARCHS = {  # model.config per architecture; the two shipped ones as in search_spaces/

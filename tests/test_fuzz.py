@@ -27,6 +27,7 @@ from hptransfer.errors import HptError, PlanError, SpecError
 from hptransfer.hyperparameters import TUNABLE
 from hptransfer.plan import TransferPlan, parse_plan
 from hptransfer.spec import RULE_NAMES, StudySpec, parse_spec
+from hptransfer.transfer.schedule import warmup_multiplier
 
 from conftest import tiny_spec_dict
 
@@ -218,7 +219,7 @@ def check_spec(data) -> StudySpec | None:
     return spec
 
 
-@settings(max_examples=400, **FUZZ)
+@settings(max_examples=250, **FUZZ)
 @given(mutated_specs())
 def test_fuzz_specs_parse_or_refuse_cleanly(data):
     check_spec(data)
@@ -342,9 +343,21 @@ def mutated_tables(draw, max_ops: int = 3) -> pd.DataFrame:
     return df
 
 
-def check_plan(plan: TransferPlan) -> None:
+def assert_usable_plan(plan: TransferPlan) -> None:
     dumped = plan.model_dump()
     assert_finite(dumped)
+    # Typed fields hold 64-bit integers; the free-form evidence blocks (diagnostics, ...) only need finite numbers.
+    typed = plan.model_dump(exclude={"diagnostics", "provenance", "baselines", "heuristics", "dp", "schedule"})
+    big = [(p, x) for p, x in ints_in(typed) if abs(x) >= 2**63]
+    assert not big, f"integers beyond int64: {big}"
+    assert plan.base_width >= 1 and 0 <= plan.seed < 2**32, (plan.base_width, plan.seed)
+    # The trainer's LR factor (sp-warmup) at the first and the last step.
+    for step in (0, plan.target.steps):
+        assert 0 < warmup_multiplier(step, plan) <= 1
+
+
+def check_plan(plan: TransferPlan) -> None:
+    assert_usable_plan(plan)
     assert all(math.isfinite(v) for v in plan.hyperparameters.values())
     assert plan.hps.lr > 0
     # What `save_plan` writes loads back as the same plan.
@@ -352,7 +365,8 @@ def check_plan(plan: TransferPlan) -> None:
     assert again.hyperparameters == plan.hyperparameters
 
 
-@settings(max_examples=150, **FUZZ)
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@settings(max_examples=80, **FUZZ)
 @given(df=mutated_tables(), rule=st.sampled_from(RULES),
        target_width=st.sampled_from([0, -8, 16, 64, 128, 1024, 4096, 10**6, 10**12, 10**30, 10**200]),
        base_width=st.sampled_from([None, None, 1, 16, 32, 10**9]),
@@ -375,6 +389,7 @@ def test_fuzz_results_tables_make_a_finite_plan_or_refuse(df, rule, target_width
     check_plan(plan)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy overflow on losses like 1e300: expected
 def test_every_results_column_with_every_extreme_cell():
     """Exhaustive single-cell and whole-column mutations of a good table, rules taken in turn."""
     from hptransfer.transfer.engine import make_plan, standalone_spec
@@ -384,8 +399,8 @@ def test_every_results_column_with_every_extreme_cell():
                           "status": "ok"} for w in (16, 32, 64) for lr in (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)])
     failures = []
     for col in [*base.columns, "weight_decay"]:
-        for v in EXTREMES[:14]:
-            for op in (("cell", col, 7, v), ("column", col, 0, v)):
+        for v in [math.nan, math.inf, -1, 0, 1e300, "[/red]", None]:
+            for op in (("cell", col, 7, v),) + ((("column", col, 0, v),) if v in (0, "[/red]") else ()):
                 df, rule = apply_table(base, op), next(rules)
                 try:
                     try:
@@ -395,6 +410,21 @@ def test_every_results_column_with_every_extreme_cell():
                 except Exception as e:
                     failures.append(f"{op[:2]} {repr(v)[:40]} {rule}: {type(e).__name__}: {str(e)[:200]}")
     assert not failures, "\n".join(failures)
+
+
+@settings(max_examples=6, **FUZZ)
+@given(df=mutated_tables(max_ops=2), rule=st.sampled_from([*RULES, "magic", ""]),
+       target_width=st.sampled_from(["256", "4096", "0", "-5", "1e3", "abc", str(10**30)]))
+def test_fuzz_hpt_transfer_results_exits_0_or_2(fuzz_dir, df, rule, target_width):
+    from hptransfer.cli import app
+
+    n = next(_counter)
+    df.to_csv(fuzz_dir / f"results{n}.csv", index=False)
+    result = CliRunner().invoke(app, ["transfer", "--results", str(fuzz_dir / f"results{n}.csv"), "--rule", rule,
+                                      "--target-width", target_width, "--family", "mlp",
+                                      "--out", str(fuzz_dir / f"plan{n}.yaml")])  # and print the diagnostics
+    _no_traceback(result)
+    event(f"exit {result.exit_code}")
 
 
 def _study(fuzz_dir: Path, table: pd.DataFrame, spec_over: dict):
@@ -413,7 +443,7 @@ def _study(fuzz_dir: Path, table: pd.DataFrame, spec_over: dict):
     return study
 
 
-@settings(max_examples=10, **FUZZ)
+@settings(max_examples=5, **FUZZ)
 @given(df=mutated_tables(max_ops=2),
        spec_over=st.sampled_from([{}, {"sweep": {"widths": [16, 32, 64], "grid": {"lr": [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]}}},
                                   {"transfer": {"rule": "sp-warmup"}}, {"target": {"width": 4096, "steps": 600}}]),
@@ -428,7 +458,9 @@ def test_fuzz_transfer_stage_on_a_study_folder(fuzz_dir, df, spec_over, tag):
         plan = transfer_stage(study)
     except HptError as e:
         assert_problems_say_something(e)
+        event(f"refused: {type(e).__name__}")
         return
+    event("accepted")
     check_plan(plan)
     assert study.paths.plan.is_file()
 
@@ -467,10 +499,10 @@ PLAN_PATHS = sorted(set(field_paths(TransferPlan)) | {("hyperparameters", hp) fo
 
 
 @st.composite
-def mutated_plans(draw) -> dict:
+def mutated_plans(draw, min_ops: int = 1) -> dict:
     d = copy.deepcopy(draw(st.sampled_from(_real_plans())))
     paths = sorted(set(PLAN_PATHS) | set(leaf_paths(d)), key=repr)
-    for _ in range(draw(st.integers(1, 3))):
+    for _ in range(draw(st.integers(min_ops, 3))):
         kind = draw(st.sampled_from(["set", "set", "set", "del", "extra"]))
         if kind == "extra":
             container = draw(st.sampled_from([(), ("target",), ("model",), ("hyperparameters",), ("schedule",),
@@ -495,7 +527,7 @@ def test_fuzz_plans_parse_or_refuse_cleanly(data):
         event("refused")
         return
     event("accepted")
-    assert_finite(plan.model_dump())
+    assert_usable_plan(plan)
     # What every consumer of a loaded plan reads must work on anything that validates.
     assert plan.hps.lr > 0
     caveats(plan)
@@ -508,8 +540,8 @@ def test_every_plan_field_with_every_extreme_value():
     from hptransfer.transfer.exports import caveats
 
     failures = []
-    for base in _real_plans():
-        for path in sorted(set(PLAN_PATHS) | set(leaf_paths(base)), key=repr):
+    for base in _real_plans()[::2]:  # the minimal plan and an sp-warmup one (schedule, multipliers, diagnostics)
+        for path in sorted(set(PLAN_PATHS) | {p for p in leaf_paths(base) if len(p) <= 2}, key=repr):
             for op in [("del", path)] + [("set", path, copy.deepcopy(v)) for v in EXTREMES]:
                 try:
                     try:
@@ -517,15 +549,15 @@ def test_every_plan_field_with_every_extreme_value():
                     except PlanError as e:
                         assert_problems_say_something(e)
                         continue
-                    assert_finite(plan.model_dump())
+                    assert_usable_plan(plan)
                     caveats(plan)
                 except Exception as e:
                     failures.append(f"{op[:2]} {repr(op[2:])[:40]}: {type(e).__name__}: {str(e)[:200]}")
     assert not failures, "\n".join(failures)
 
 
-@settings(max_examples=6, **FUZZ)
-@given(data=mutated_plans(), to=st.sampled_from(["deepspeed", "hf", "torchtitan", "onnx"]))
+@settings(max_examples=4, **FUZZ)
+@given(data=mutated_plans(min_ops=0), to=st.sampled_from(["deepspeed", "hf", "torchtitan", "onnx"]))
 def test_fuzz_hpt_export_exits_0_or_2(fuzz_dir, data, to):
     from hptransfer.cli import app
 
@@ -534,3 +566,4 @@ def test_fuzz_hpt_export_exits_0_or_2(fuzz_dir, data, to):
     path.write_text(yaml.safe_dump(data, allow_unicode=True))
     result = CliRunner().invoke(app, ["export", str(path), "--to", to, "--out", str(fuzz_dir / f"export{n}.out")])
     _no_traceback(result)
+    event(f"exit {result.exit_code}")

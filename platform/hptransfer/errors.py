@@ -21,7 +21,8 @@ class Problem:
     def __str__(self) -> str:
         text = f"{self.where}: {self.what}" if self.where else self.what
         if self.value is not UNSET:
-            text += f" (got {self.value!r})"
+            got = repr(self.value)  # a 40,000-value grid or a whole plan block: show its start
+            text += f" (got {got if len(got) <= 300 else got[:300] + f' … ({len(got):,} characters)'})"
         return text + (f"; {self.fix}" if self.fix else "")
 
     # (where, what, value) unpacking and substring tests, as the spec's tuples allowed before.

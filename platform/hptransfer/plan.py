@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hptransfer.errors import PlanError, Problem, problems_from_validation
 from hptransfer.hyperparameters import TUNABLE, Hyperparameters
 from hptransfer.io import write_yaml
-from hptransfer.spec import MAX_STEPS, MAX_WIDTH, RULE_NAMES, DataSpec, ModelSpec, TrainSpec
+from hptransfer.spec import MAX_SEED, MAX_STEPS, MAX_WIDTH, RULE_NAMES, DataSpec, ModelSpec, TrainSpec
 
 __all__ = ["PLAN_VERSION", "PlanError", "TargetShape", "TransferPlan", "load_plan", "save_plan"]
 
@@ -28,7 +28,7 @@ class TargetShape(BaseModel):
     width: int = Field(ge=1, le=MAX_WIDTH)
     steps: int = Field(ge=1, le=MAX_STEPS)
     batch_size: int = Field(ge=1, le=1_000_000, description="Global batch in sequences.")
-    seq_len: int = Field(ge=1)
+    seq_len: int = Field(ge=1, le=2**20)
 
 
 class TransferPlan(BaseModel):
@@ -38,7 +38,7 @@ class TransferPlan(BaseModel):
     study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
     rule: str
     model: ModelSpec  # family, depth, parametrization, ... (width comes from `target`)
-    base_width: int = Field(description="µP base width the target's width_mult is relative to.")
+    base_width: int = Field(ge=1, le=MAX_WIDTH, description="µP base width the target's width_mult is relative to.")
     target: TargetShape
     hyperparameters: dict[str, float] = Field(description="Target run's lr, weight_decay, warmup_steps, beta1, beta2 (+ any tuned); under µP these are base-width values.")
     param_group_multipliers: dict[str, dict[str, float]] = Field(default_factory=dict, description="Per parameter group factors on lr / weight_decay set by the rule (µP: hidden matrices lr/m, wd·m); for exports to trainers without `mup`.")
@@ -49,7 +49,7 @@ class TransferPlan(BaseModel):
     train: TrainSpec
     diagnostics: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=dict)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     dp: dict[str, Any] | None = Field(None, description="Rule `dp`: the DP plan (B, T, σ, C grid, σ√T table).")
 
     @field_validator("rule")
@@ -87,8 +87,8 @@ class TransferPlan(BaseModel):
             raise ValueError(f"schedule.kind={v['kind']!r} is unknown; one of ['none', 'sp-warmup']")
         for key in ("m", "timescale"):
             x = v.get(key)
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not (x >= 1 if key == "m" else x > 0):
-                raise ValueError(f"schedule.{key} must be a number {'≥ 1 (width ratio)' if key == 'm' else '> 0 (steps)'} "
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not (1 <= x <= MAX_WIDTH if key == "m" else x > 0):
+                raise ValueError(f"schedule.{key} must be a number {f'in 1..{MAX_WIDTH:,} (width ratio)' if key == 'm' else '> 0 (steps)'} "
                                  f"for kind sp-warmup, got {x!r}; remake the plan with `hpt transfer`")
         return v
 

@@ -31,6 +31,7 @@ class DPConfig(BaseModel):
     clip_shift_reference_epsilon: float = Field(8.0, gt=0, description="ε_ref: at or above this ε the grid is not shifted.")
     lr: float | None = Field(None, gt=0, description="A learning rate tuned at lr_reference_batch; the plan scales it by √(B/B_ref). Null: the plan reports only the scale factor.")
     lr_reference_batch: int | None = Field(None, ge=1, description="B_ref, the batch size lr was tuned at. Required when lr is set.")
+    init_from: str | None = Field(None, min_length=1, description="The private large run fine-tunes this model: a folder handed off by an earlier study (its `train/hf_model/`), whose shape must be the plan's. Null: a fresh model (µP or SP, as the spec says).")
 
     @field_validator("*")
     @classmethod
@@ -75,14 +76,22 @@ class DPConfig(BaseModel):
             raise ValueError(f"must be a non-empty list of positive numbers, got {v}")
         return v
 
+    @field_validator("init_from")
+    @classmethod
+    def _absolute_init_from(cls, v: str | None) -> str | None:
+        # Resolved once, at load: Ray workers run in other folders.
+        from pathlib import Path
+
+        return v if v is None or Path(v).expanduser().is_absolute() else str(Path.cwd() / v)
+
     @model_validator(mode="after")
-    def _lr_pair(self) -> "DPConfig":
+    def _lr_pair(self) -> DPConfig:
         if (self.lr is None) != (self.lr_reference_batch is None):
             raise ValueError(f"lr={self.lr} and lr_reference_batch={self.lr_reference_batch} go together: "
                              "set both (the LR and the batch it was tuned at) or neither")
         return self
 
-    def with_dataset_size(self, n: int) -> "DPConfig":
+    def with_dataset_size(self, n: int) -> DPConfig:
         """The same config with N filled in (re-validated, so δ < 1/N and B ≤ N are checked)."""
         return DPConfig.model_validate({**self.model_dump(), "dataset_size": n})
 
@@ -94,7 +103,7 @@ class DPConfig(BaseModel):
         while b < n:
             out.append(b)
             b *= 2
-        return out + [n]
+        return [*out, n]
 
     def require_dataset_size(self) -> int:
         if self.dataset_size is None:

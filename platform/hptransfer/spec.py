@@ -136,7 +136,7 @@ def _hf_config_problems(config: dict[str, Any]) -> list[str]:
     if not families.is_causal_lm(mt):
         return [f"model.config.model_type={mt!r} is not a causal LM (AutoModelForCausalLM cannot build it)"]
     errs = []
-    if "architectures" not in config:  # an inline mapping, not a saved config.json: catch typos
+    if "transformers_version" not in config and "architectures" not in config:  # written by hand: catch typos
         unknown = families.unknown_keys(config)
         if unknown:
             errs.append(f"model.config has keys {unknown} that {cls.__name__} does not know (typo?)")

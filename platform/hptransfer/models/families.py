@@ -174,8 +174,11 @@ def width_overrides(spec: ModelSpec, width: int) -> dict[str, Any]:
 
 def hf_config(spec: ModelSpec, width: int) -> PretrainedConfig:
     """The Hugging Face config of `spec` at `width`: the given fields, the ladder's, then runtime ones.
-    Special-token ids outside the vocabulary (a config written for another tokenizer) are dropped."""
+    Special-token ids outside the vocabulary (a config written for another tokenizer) are dropped, and
+    so is a per-layer `layer_types` list of another length than `depth`."""
     given = {k: v for k, v in dict(spec.config).items() if k != "model_type"}  # type: ignore[arg-type]
+    if isinstance(given.get("layer_types"), list) and len(given["layer_types"]) != spec.depth:
+        del given["layer_types"]  # written for another depth (a saved config.json): the config derives it again
     fields = {**given, **width_overrides(spec, width), **_RUNTIME}
     for key in ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id"):
         ids = fields.get(key, _defaults(spec.config["model_type"]).get(key))  # type: ignore[index]

@@ -15,7 +15,9 @@ What the plan fixes, and where each number comes from:
   rank 0 alone adds N(0, σ²C²) to the clipped sum before the all-reduce (DPDDP), and the update is
   (Σ clip_C(g_i) + noise) / (B·C): the lr does not depend on C;
 - the model, optimizer and schedule: `models.training_setup` with the plan's hyperparameters, as in
-  the non-private run (per-example clipping replaces `grad_clip`, which is unused here).
+  the non-private run (per-example clipping replaces `grad_clip`, which is unused here); the model
+  starts fresh, or from the handed-off model `dp.init_from` (an earlier study's `train/hf_model/`,
+  checked against the plan's shapes by the driver; `dp.lm.load_init_from`).
 
 Privacy bookkeeping: the driver refuses a plan whose (σ, q, T) would spend more than ε before any
 worker starts; rank 0 logs ε spent (the plan's accountant, Opacus' default precision) to MLflow after
@@ -75,6 +77,7 @@ class PrivateRun:
     delta: float
     accountant: str
     planned_epsilon: float  # ε of (σ, q, T) from the accountant: ≤ epsilon
+    init_from: str | None = None  # a handed-off model to fine-tune (None: a fresh model)
 
     @property
     def epochs(self) -> float:
@@ -120,6 +123,10 @@ def check_private_plan(plan: TransferPlan, available: int) -> PrivateRun:
         problems.append(Problem("dp.noise_multiplier", "must be a number > 0", sigma, "remake the plan"))
     if not isinstance(clip, (int, float)) or clip <= 0:
         problems.append(Problem("dp.clip", "must be a number > 0", clip, "pick C from dp.clip_grid"))
+    if cfg.init_from:
+        problems += [Problem("dp.config.init_from", why, cfg.init_from, "hand off a model of the plan's family, width, "
+                             "depth and vocabulary (an earlier study's train/hf_model), or set dp.init_from: null")
+                     for why in _init_from_problems(plan, cfg.init_from)]
     if problems:
         raise DPError(source, problems)
     from hptransfer.dp.accounting import epsilon_spent
@@ -133,7 +140,19 @@ def check_private_plan(plan: TransferPlan, available: int) -> PrivateRun:
                                        "instead of editing target.batch_size, target.steps or dp.noise_multiplier")])
     return PrivateRun(dataset_size=n, batch_size=b, steps=t, sample_rate=q, noise_multiplier=float(sigma),
                       clip=float(clip), epsilon=cfg.epsilon, delta=cfg.delta, accountant=cfg.accountant,
-                      planned_epsilon=planned)
+                      planned_epsilon=planned, init_from=cfg.init_from)
+
+
+def _init_from_problems(plan: TransferPlan, folder: str) -> list[str]:
+    """`dp.lm.check_init_from` against the plan's model, built on the meta device (no memory)."""
+    import torch
+
+    from hptransfer.dp.lm import check_init_from
+    from hptransfer.models import build_model
+
+    with torch.device("meta"):
+        model = build_model(plan.model, plan.target.width, base_width=plan.base_width, hps=plan.hps)
+    return check_init_from(folder, model)
 
 
 def run_private_train(study: Study, plan: TransferPlan, *, resume: bool = False, restart: bool = False, log=print,
@@ -170,12 +189,14 @@ def run_private_train(study: Study, plan: TransferPlan, *, resume: bool = False,
                         "dp.sample_rate": run.sample_rate, "dp.noise_multiplier": run.noise_multiplier,
                         "dp.clip": run.clip, "dp.epsilon": run.epsilon, "dp.delta": run.delta,
                         "dp.accountant": run.accountant, "dp.lr_source": plan.dp.get("lr_source", "?"),
+                        "dp.init_from": run.init_from or "fresh",
                         **{f"hp.{k}": v for k, v in plan.hps.as_dict().items()}})
     save_plan(plan, paths.plan)  # the plan this run trains (a resume checks it)
     log(f"train (DP): width {plan.target.width}, N={run.dataset_size} sequences of {plan.target.seq_len + 1} tokens, "
         f"B={run.batch_size} (q={run.sample_rate:.4g}), T={run.steps} steps ({run.epochs:.3g} epochs), "
         f"σ={run.noise_multiplier:.4g}, C={run.clip:g}, ε={run.epsilon:g} (planned {run.planned_epsilon:.4g}), "
-        f"δ={run.delta:g}, {plan.train.workers} workers, lr {plan.hps.lr:.4g}")
+        f"δ={run.delta:g}, {plan.train.workers} workers, lr {plan.hps.lr:.4g}, "
+        f"from {run.init_from or 'a fresh model'}")
     with study.ray_session():
         trainer = TorchTrainer(
             private_loop_per_worker,
@@ -204,7 +225,7 @@ def run_private_train(study: Study, plan: TransferPlan, *, resume: bool = False,
         if path.exists():
             tracker.log_artifact(path)
     tracker.log_metrics({f"final_{k}": v for k, v in metrics.items()
-                         if k in ("train_loss", "val_loss", "tokens_per_s", "epsilon_spent")})
+                         if k in ("train_loss", "val_loss", "initial_val_loss", "tokens_per_s", "epsilon_spent")})
     tracker.end("FINISHED" if metrics.get("status") == "ok" else "FAILED")
     log(f"train (DP): ε spent {metrics.get('epsilon_spent', float('nan')):.4g} of {run.epsilon:g} "
         f"(δ={run.delta:g}), status {metrics.get('status')}")
@@ -220,7 +241,8 @@ def _check_same_privacy(previous_plan: Path, run: PrivateRun) -> None:
 
     old_plan = load_plan(previous_plan)
     old = check_private_plan(old_plan, sequence_count(old_plan.data, old_plan.target.seq_len))
-    keys = ("dataset_size", "batch_size", "steps", "noise_multiplier", "clip", "epsilon", "delta", "accountant")
+    keys = ("dataset_size", "batch_size", "steps", "noise_multiplier", "clip", "epsilon", "delta", "accountant",
+            "init_from")
     diff = [f"{k}: checkpoint has {getattr(old, k)}, plan has {getattr(run, k)}" for k in keys
             if getattr(old, k) != getattr(run, k)]
     if diff:
@@ -249,8 +271,8 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
     from torch.utils.data import TensorDataset
 
-    from hptransfer.data import load_corpus
-    from hptransfer.dp.lm import private_sequences, register_mu_readout
+    from hptransfer.data import open_corpus
+    from hptransfer.dp.lm import load_init_from, private_sequences, register_mu_readout
     from hptransfer.dp.train import make_private_normalized
     from hptransfer.models import evaluate, lm_logits, training_setup
     from hptransfer.models.handoff import save_handoff
@@ -282,6 +304,8 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
+    elif run.init_from:  # fine-tune a handed-off model (checked against the plan by the driver)
+        load_init_from(model, run.init_from)
     seqs = private_sequences(plan.data, plan.target.seq_len, run.dataset_size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus' "secure RNG turned off" and hook warnings
@@ -296,12 +320,14 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
     shard = torch.arange(rank, run.dataset_size, world)  # this rank's examples
     tracker = BatchedMetrics(MlflowTracker(config["tracking_uri"], config["experiment"], run_id=config["run_id"])
                              if rank == 0 and config.get("run_id") else NullTracker(),
-                             every=config.get("mlflow_every") or math.ceil(run.steps / MLFLOW_WRITES))
+                             config.get("mlflow_every") or math.ceil(run.steps / MLFLOW_WRITES))  # steps per write
     if restored:
         tracker.set_tags({"resumed_from_step": start})
-    val = (load_corpus(plan.data.val_fraction, plan.data.max_files)
-           .val_batches(plan.data.eval_batches, min(run.batch_size, 16), plan.target.seq_len) if rank == 0 else [])
+    val = (open_corpus(plan.data).val_batches(plan.data.eval_batches, min(run.batch_size, 16), plan.target.seq_len)
+           if rank == 0 else [])
     progress = Progress(paths, run.steps, start, enabled=rank == 0)
+    # The starting model's validation loss (a fine-tune is judged against where it started).
+    initial_val = state.get("initial_val_loss") if state else (evaluate(model, val) if rank == 0 else None)
     t0, tokens, status = time.perf_counter(), 0, "ok"
     metrics: dict[str, Any] = dict(history[-1]) if history else {"step": start}
     for step in range(start + 1, run.steps + 1):
@@ -327,10 +353,11 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
                 loss_sum = 0.0
             dp_opt.step()  # clip, noise (rank 0), 1/B, ÷C, all-reduce, Adam; the accountant records (σ, q)
         sched.step()
-        stats = torch.tensor([loss_sum, float(len(idx))])
+        stats = torch.tensor([loss_sum, float(len(idx))], device=device)  # NCCL reduces device tensors only
         dist.all_reduce(stats)
-        tokens += int(stats[1]) * plan.target.seq_len
-        metrics = {"step": step, "train_loss": float(stats[0] / max(stats[1], 1.0)), "sampled_batch": int(stats[1]),
+        loss_total, sampled = stats.tolist()
+        tokens += int(sampled) * plan.target.seq_len
+        metrics = {"step": step, "train_loss": loss_total / max(sampled, 1.0), "sampled_batch": int(sampled),
                    "lr": plan.hps.lr * setup.lr_factor(step - 1),
                    "tokens_per_s": tokens / max(time.perf_counter() - t0, 1e-9)}
         if math.floor(step * run.sample_rate) > math.floor((step - 1) * run.sample_rate) or step == run.steps:
@@ -351,7 +378,7 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
         every = plan.train.checkpoint_every
         if every and step % every == 0 and step < run.steps:
             tracker.flush()
-            ckpt_dir, ckpt = _save(paths, step, rank, model, opt, sched, engine, history, seed)
+            ckpt_dir, ckpt = _save(paths, step, rank, model, opt, sched, engine, history, seed, initial_val)
             ray.train.report(dict(metrics), checkpoint=ckpt)
             if rank == 0:
                 shutil.rmtree(ckpt_dir, ignore_errors=True)  # Ray Train has persisted its own copy
@@ -364,15 +391,16 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
              "accountant": run.accountant, "noise_multiplier": run.noise_multiplier, "sample_rate": run.sample_rate,
              "clip": run.clip, "dataset_size": run.dataset_size, "batch_size": run.batch_size, "steps": run.steps,
              "accounted_steps": recorded_steps(engine.accountant), "resumed_from_step": start,
+             "initial_val_loss": initial_val, "init_from": run.init_from,
              "wall_s": time.perf_counter() - t0}
     if eps > run.epsilon:  # cannot happen when the driver's check passed; never report it as ok
         final["status"] = "budget_exceeded"
     if status == "ok" and final["accounted_steps"] != run.steps:
         final["status"] = "budget_exhausted"
-    ckpt_dir, ckpt = _save(paths, final["step"], rank, model, opt, sched, engine, history, seed)
+    ckpt_dir, ckpt = _save(paths, final["step"], rank, model, opt, sched, engine, history, seed, initial_val)
     if rank == 0:
-        sampled = [h["sampled_batch"] for h in history]
-        write_json(paths.metrics, {"final": {**final, "mean_sampled_batch": sum(sampled) / max(len(sampled), 1)},
+        sizes = [h["sampled_batch"] for h in history]
+        write_json(paths.metrics, {"final": {**final, "mean_sampled_batch": sum(sizes) / max(len(sizes), 1)},
                                    "history": history,
                                    "dp": {**asdict(run), "accountant_history": hist, "note": NOT_PRIVATE}})
         save_handoff(model, paths.hf_model, spec_model=plan.model, width=plan.target.width,
@@ -387,7 +415,8 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
         raise PrivacyBudgetExceeded(f"accountant reports ε={eps:.4g} > target {run.epsilon:g}")
 
 
-def _save(paths: TrainPaths, step: int, rank: int, model, opt, sched, engine, history: list, seed: int):
+def _save(paths: TrainPaths, step: int, rank: int, model, opt, sched, engine, history: list, seed: int,
+          initial_val: float | None):
     """Rank 0 writes the checkpoint (the ranks hold identical states); every rank reports."""
     import ray.train
     import torch
@@ -397,6 +426,7 @@ def _save(paths: TrainPaths, step: int, rank: int, model, opt, sched, engine, hi
         return d, None
     d.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "accountant": engine.accountant.state_dict(), "step": step, "history": history, "seed": seed},
+                "accountant": engine.accountant.state_dict(), "step": step, "history": history, "seed": seed,
+                "initial_val_loss": initial_val},
                TrainPaths.dp_state(d))
     return d, ray.train.Checkpoint.from_directory(str(d))

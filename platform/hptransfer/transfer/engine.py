@@ -18,7 +18,7 @@ from hptransfer.errors import ResultsError
 from hptransfer.hyperparameters import LOG_SCALE, TUNABLE
 from hptransfer.models.optim import FINAL_LR_FRACTION
 from hptransfer.plan import TargetShape, TransferPlan
-from hptransfer.spec import MAX_WIDTH, StudySpec, parse_spec, spec_hash
+from hptransfer.spec import MAX_SEED, MAX_WIDTH, StudySpec, parse_spec, spec_hash
 from hptransfer.transfer.baselines import baselines_for
 from hptransfer.transfer.diagnostics import diagnose
 from hptransfer.transfer.optimum import OptimumFit, fit_optimum
@@ -52,10 +52,10 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
     if len(bad):
         problems.append(f"column `width` must hold positive integers up to {MAX_WIDTH:,}, got {bad.unique()[:5].tolist()}")
     seed = pd.to_numeric(df["seed"], errors="coerce")
-    bad = df.loc[~np.isfinite(seed) | (seed != seed.round()) | (seed.abs() > 2**31), "seed"]
+    bad = df.loc[~np.isfinite(seed) | (seed != seed.round()) | (seed < 0) | (seed > MAX_SEED), "seed"]
     if len(bad):
-        problems.append(f"column `seed` must hold integers (one per trial; drop the column for one seed), "
-                        f"got {bad.unique()[:5].tolist()}")
+        problems.append(f"column `seed` must hold integers 0..{MAX_SEED} (one per trial; drop the column for one "
+                        f"seed), got {bad.unique()[:5].tolist()}")
     df["status"] = df["status"].astype(str).str.strip().str.lower()
     unknown = sorted(set(df["status"]) - STATUSES)
     if unknown:
