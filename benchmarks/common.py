@@ -18,10 +18,19 @@ def machine_info(argv: list[str] | None = None, **extra) -> dict:
     import ray
     import torch
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor() or platform.machine())
-    return {"nproc": os.cpu_count(), "cpu_model": cpu, "python": platform.python_version(),
-            "torch": torch.__version__, "ray": ray.__version__, "deepspeed": deepspeed.__version__,
-            "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.executable).name, *(argv if argv is not None else sys.argv)]),
-            "loadavg_at_start": os.getloadavg(), **extra}
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")),
+        platform.processor() or platform.machine(),
+    )
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "deepspeed": deepspeed.__version__,
+        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *(argv if argv is not None else sys.argv)]),
+        "loadavg_at_start": os.getloadavg(),
+        **extra,
+    }

@@ -14,7 +14,6 @@ import datetime as dt
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,14 +53,22 @@ def script_doc(stem: str) -> tuple[str, str | None]:
 
 def header(stem: str, d: dict, path: Path) -> str:
     title, run = script_doc(stem)
-    date = d.get("date") or (dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds")
-                             + " (file time)")
+    date = d.get("date") or (
+        dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds") + " (file time)"
+    )
     m = d.get("machine")
     machine = ", ".join(f"{k}={v}" for k, v in m.items()) if isinstance(m, dict) else (m or "not recorded")
     fig = d.get("figure") or (f"benchmarks/results/{stem}.png" if (RESULTS / f"{stem}.png").is_file() else None)
-    lines = [f"## {stem}", "", title, "",
-             f"- command: `{d.get('command') or run}`", f"- machine: {machine}", f"- date: {date}",
-             f"- data: [`benchmarks/results/{path.name}`](benchmarks/results/{path.name})"]
+    lines = [
+        f"## {stem}",
+        "",
+        title,
+        "",
+        f"- command: `{d.get('command') or run}`",
+        f"- machine: {machine}",
+        f"- date: {date}",
+        f"- data: [`benchmarks/results/{path.name}`](benchmarks/results/{path.name})",
+    ]
     for k in ("wall_s", "seconds"):
         if isinstance(d.get(k), (int, float)):
             lines.append(f"- wall time: {d[k]:.0f} s")
@@ -72,6 +79,7 @@ def header(stem: str, d: dict, path: Path) -> str:
 
 
 # --- verdicts, derived here from intervals (never typed by hand) --------------------------------
+
 
 def slope_interval(optima: dict) -> tuple[float, float, float] | None:
     """Slope of log lr* against log width with its 95% interval (t, n−2 dof), recomputed from the
@@ -110,9 +118,11 @@ def _regret_verdict(d: dict) -> str:
     s = d["setting"]
     seeds = s.get("seeds") or [s.get("seed")]
     if len(seeds) < 3 or not any("regret_ci" in r for r in d["rules"]):
-        return (f"**Verdict: inconclusive for every rule** — {len(seeds)} seed(s) per point, so no regret carries an "
-                "interval and a difference below the seed-to-seed noise cannot be told from zero (docs/RESEARCH.md, "
-                "\"Measuring transfer honestly\").\n\n")
+        return (
+            f"**Verdict: inconclusive for every rule** — {len(seeds)} seed(s) per point, so no regret carries an "
+            "interval and a difference below the seed-to-seed noise cannot be told from zero (docs/RESEARCH.md, "
+            '"Measuring transfer honestly").\n\n'
+        )
     out = []
     for r in d["rules"]:
         lo, hi = r["regret_ci"]
@@ -123,32 +133,63 @@ def _regret_verdict(d: dict) -> str:
 
 def regret_section(d: dict) -> str:
     s = d["setting"]
-    rows = [[r["name"], r["parametrization"], g(r["transferred_lr"]), g(r["target_loss"]), g(r["best_direct_lr"]),
-             g(r["best_direct_loss"]),
-             "—" if r["relative_regret"] is None else f"{100 * r['relative_regret']:+.2f}%",
-             f"{100 * r['compute_fraction']:.1f}%", g(r["predicted_penalty"]), g(r["flagged"]),
-             g(r["goal_met"]) if r["parametrization"] == "mup" else "n/a",
-             "; ".join(r["warnings"]) or "—"]
-            for r in d["rules"]]
-    t = md_table(["rule", "param.", "transferred lr", "target loss", "best direct lr", "best direct loss",
-                  "relative regret", "compute (FLOPs) vs direct", "predicted penalty", "flagged", "goal met", "diagnostics' warnings"], rows)
+    rows = [
+        [
+            r["name"],
+            r["parametrization"],
+            g(r["transferred_lr"]),
+            g(r["target_loss"]),
+            g(r["best_direct_lr"]),
+            g(r["best_direct_loss"]),
+            "—" if r["relative_regret"] is None else f"{100 * r['relative_regret']:+.2f}%",
+            f"{100 * r['compute_fraction']:.1f}%",
+            g(r["predicted_penalty"]),
+            g(r["flagged"]),
+            g(r["goal_met"]) if r["parametrization"] == "mup" else "n/a",
+            "; ".join(r["warnings"]) or "—",
+        ]
+        for r in d["rules"]
+    ]
+    t = md_table(
+        [
+            "rule",
+            "param.",
+            "transferred lr",
+            "target loss",
+            "best direct lr",
+            "best direct loss",
+            "relative regret",
+            "compute (FLOPs) vs direct",
+            "predicted penalty",
+            "flagged",
+            "goal met",
+            "diagnostics' warnings",
+        ],
+        rows,
+    )
     goal = [r for r in d["rules"] if r["rule"].startswith("mup") and r["parametrization"] == "mup"]
     met = [r["name"] for r in goal if r["goal_met"]]
     big = [r["name"] for r in d["rules"] if (r["relative_regret"] or 0) > 0.02]
     unflagged = [r["name"] for r in d["rules"] if (r["relative_regret"] or 0) > 0.02 and not r["flagged"]]
     curves = []
     for p, dd in d["direct"].items():
-        curves.append(f"- {p} direct sweep at width {s['target']}: " + ", ".join(
-            f"{c['lr']:g}→{g(c['val_loss'])}" for c in dd["curve"])
-            + f" (ladder {dd['ladder_wall_s']:.0f} s vs direct {dd['direct_wall_s']:.0f} s of training wall time)")
-    return (f"\nLadder {s['ladder']} → target {s['target']} ({s['width_ratio']:.0f}×), {s['steps']} steps × batch {s['batch']} × seq "
-            f"{s['seq_len']}, depth {s['depth']}, head_dim {s['head_dim']}, AdamW λ={s['weight_decay']}, seed {s['seed']}; "
-            f"LR grids (factor 2): µP {s['grids']['mup'][0]:g}…{s['grids']['mup'][-1]:g}, SP {s['grids']['sp'][0]:g}…{s['grids']['sp'][-1]:g}.\n\n"
-            + t + "\n\n"
-            + _regret_verdict(d)
-            + f"Goal (µP regret ≤ 1% at ≥ 8× width for ≤ 10% of the direct sweep's FLOPs), point estimates: **{'met by ' + ', '.join(met) if met else 'missed'}**. "
-            + f"Regret above 2%: {', '.join(big) or 'none'}; of those not flagged by the diagnostics: {', '.join(unflagged) or 'none'}.\n\n"
-            + "\n".join(curves) + "\n")
+        curves.append(
+            f"- {p} direct sweep at width {s['target']}: "
+            + ", ".join(f"{c['lr']:g}→{g(c['val_loss'])}" for c in dd["curve"])
+            + f" (ladder {dd['ladder_wall_s']:.0f} s vs direct {dd['direct_wall_s']:.0f} s of training wall time)"
+        )
+    return (
+        f"\nLadder {s['ladder']} → target {s['target']} ({s['width_ratio']:.0f}×), {s['steps']} steps × batch {s['batch']} × seq "
+        f"{s['seq_len']}, depth {s['depth']}, head_dim {s['head_dim']}, AdamW λ={s['weight_decay']}, seed {s['seed']}; "
+        f"LR grids (factor 2): µP {s['grids']['mup'][0]:g}…{s['grids']['mup'][-1]:g}, SP {s['grids']['sp'][0]:g}…{s['grids']['sp'][-1]:g}.\n\n"
+        + t
+        + "\n\n"
+        + _regret_verdict(d)
+        + f"Goal (µP regret ≤ 1% at ≥ 8× width for ≤ 10% of the direct sweep's FLOPs), point estimates: **{'met by ' + ', '.join(met) if met else 'missed'}**. "
+        + f"Regret above 2%: {', '.join(big) or 'none'}; of those not flagged by the diagnostics: {', '.join(unflagged) or 'none'}.\n\n"
+        + "\n".join(curves)
+        + "\n"
+    )
 
 
 def _mup_sp_verdict(c: dict) -> str:
@@ -158,8 +199,10 @@ def _mup_sp_verdict(c: dict) -> str:
     vm = verdict(m[1], m[2], inside=(-0.15, 0.15)) if m else "inconclusive"
     vs = verdict(sp[1], sp[2], below=-0.15) if sp else "inconclusive"
     both = "reproduced" if vm == vs == "reproduced" else ("not reproduced" if "not reproduced" in (vm, vs) else "inconclusive")
-    return (f"{_slope_text('µP', m)} → µP flat: {vm}; {_slope_text('SP', sp)} → SP drifts: {vs} "
-            f"(95% intervals, claimed regions |slope| ≤ 0.15 and slope < −0.15). Verdict: **{both}**.")
+    return (
+        f"{_slope_text('µP', m)} → µP flat: {vm}; {_slope_text('SP', sp)} → SP drifts: {vs} "
+        f"(95% intervals, claimed regions |slope| ≤ 0.15 and slope < −0.15). Verdict: **{both}**."
+    )
 
 
 def _wd_verdict(c: dict) -> str:
@@ -169,8 +212,10 @@ def _wd_verdict(c: dict) -> str:
         return "Verdict: **inconclusive** (fewer than 3 interior optima to fit a slope with an interval)."
     diff, half = abs(s[0]) - abs(i[0]), math.hypot((s[2] - s[1]) / 2, (i[2] - i[1]) / 2)
     v = "reproduced" if diff - half > 0.1 else ("not reproduced" if diff + half < 0.1 else "inconclusive")
-    return (f"{_slope_text('independent', i)}, {_slope_text('standard', s)}; |standard| − |independent| = "
-            f"{diff:+.2f} ± {half:.2f}. Verdict: **{v}**.")
+    return (
+        f"{_slope_text('independent', i)}, {_slope_text('standard', s)}; |standard| − |independent| = "
+        f"{diff:+.2f} ± {half:.2f}. Verdict: **{v}**."
+    )
 
 
 def claims_section(d: dict) -> str:
@@ -180,26 +225,39 @@ def claims_section(d: dict) -> str:
     for p in ("mup", "sp"):
         for w, o in sorted(c[p]["optima"].items(), key=lambda kv: int(kv[0])):
             rows.append([p, w, g(o["best_grid_lr"]), str(o["grid_index"]), g(o["fitted_lr"]), g(o["best_loss"]), g(o["on_edge"])])
-    out.append("### 1. µP keeps the optimum, SP drifts (Tensor Programs V, arXiv 2203.03466)\n\n"
-               + md_table(["param.", "width", "best grid lr", "grid index", "fitted lr*", "best loss", "on edge"], rows)
-               + f"\n\n{c['verdict']}\n\n" + _mup_sp_verdict(c) + "\n")
+    out.append(
+        "### 1. µP keeps the optimum, SP drifts (Tensor Programs V, arXiv 2203.03466)\n\n"
+        + md_table(["param.", "width", "best grid lr", "grid index", "fitted lr*", "best loss", "on edge"], rows)
+        + f"\n\n{c['verdict']}\n\n"
+        + _mup_sp_verdict(c)
+        + "\n"
+    )
     c = d["weight_decay"]
     rows = []
     for mode in ("independent", "standard"):
         for w, o in sorted(c[mode]["optima"].items(), key=lambda kv: int(kv[0])):
             rows.append([mode, w, g(o["best_grid_lr"]), g(o["fitted_lr"]), g(o["best_loss"])])
-    out.append("### 2. Independent vs standard weight-decay scaling (paper 3, arXiv 2510.19093)\n\n"
-               + md_table(["wd scaling", "width", "best grid lr", "fitted lr*", "best loss"], rows)
-               + f"\n\n{c['verdict']}.\n\n" + _wd_verdict(c) + f" {c['caveat']}\n")
+    out.append(
+        "### 2. Independent vs standard weight-decay scaling (paper 3, arXiv 2510.19093)\n\n"
+        + md_table(["wd scaling", "width", "best grid lr", "fitted lr*", "best loss"], rows)
+        + f"\n\n{c['verdict']}.\n\n"
+        + _wd_verdict(c)
+        + f" {c['caveat']}\n"
+    )
     c = d["dp_plateau"]
     bs = [r["B"] for r in next(iter(c["tables"].values()))["rows"]]
-    rows = [[f"ε={eps}", *[g(r["sigma_sqrt_T"], ".3g") for r in t["rows"]], f"{100 * t['spread_over_B']:.0f}%"]
-            for eps, t in c["tables"].items()]
+    rows = [
+        [f"ε={eps}", *[g(r["sigma_sqrt_T"], ".3g") for r in t["rows"]], f"{100 * t['spread_over_B']:.0f}%"]
+        for eps, t in c["tables"].items()
+    ]
     s = c["setting"]
-    out.append(f"### 3. σ√T plateau at tight ε, fall at loose ε (paper 1, arXiv 2510.20616)\n\nN={s['N']}, E={s['epochs']}, δ={s['delta']}, "
-               f"{s['accountant']} accountant.\n\n" + md_table(["", *[f"B={b}" for b in bs], "spread over B"], rows)
-               + f"\n\n{c['verdict']}. Verdict: **{'reproduced' if c['holds'] else 'not reproduced'}** — an exact "
-               "accountant computation (no sampling noise), so no interval is needed.\n")
+    out.append(
+        f"### 3. σ√T plateau at tight ε, fall at loose ε (paper 1, arXiv 2510.20616)\n\nN={s['N']}, E={s['epochs']}, δ={s['delta']}, "
+        f"{s['accountant']} accountant.\n\n"
+        + md_table(["", *[f"B={b}" for b in bs], "spread over B"], rows)
+        + f"\n\n{c['verdict']}. Verdict: **{'reproduced' if c['holds'] else 'not reproduced'}** — an exact "
+        "accountant computation (no sampling noise), so no interval is needed.\n"
+    )
     return "\n" + "\n".join(out)
 
 
@@ -214,8 +272,11 @@ def generic_section(d: dict) -> str:
             return
         if isinstance(obj, list) and obj and all(isinstance(r, dict) for r in obj):
             cols = [k for k in obj[0] if not isinstance(obj[0][k], (dict, list))][:10]
-            out.append(f"**{name}**\n\n" + md_table(cols, [[r.get(k) for k in cols] for r in obj[:12]])
-                       + (f"\n\n({len(obj) - 12} more rows in the JSON)" if len(obj) > 12 else ""))
+            out.append(
+                f"**{name}**\n\n"
+                + md_table(cols, [[r.get(k) for k in cols] for r in obj[:12]])
+                + (f"\n\n({len(obj) - 12} more rows in the JSON)" if len(obj) > 12 else "")
+            )
         elif isinstance(obj, dict):
             for k, v in obj.items():
                 walk(v, f"{name}/{k}" if name else k, depth + 1)
@@ -230,12 +291,16 @@ ORDER = ["transfer_regret", "paper_claims"]
 
 def render() -> str:
     paths = sorted(RESULTS.glob("*.json"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else len(ORDER), p.stem))
-    parts = ["# Benchmarks", "",
-             "Generated by `.venv/bin/python benchmarks/make_benchmarks_md.py` from `benchmarks/results/*.json`; "
-             "do not edit by hand. Each section names the command that reproduces it, the machine and the date. "
-             "Measured on a shared 2-core CPU VM unless a section says otherwise: wall times are upper bounds, "
-             "and losses come from one seed per point unless a row says otherwise. "
-             "The papers and formulas behind each benchmark: [docs/RESEARCH.md](docs/RESEARCH.md).", ""]
+    parts = [
+        "# Benchmarks",
+        "",
+        "Generated by `.venv/bin/python benchmarks/make_benchmarks_md.py` from `benchmarks/results/*.json`; "
+        "do not edit by hand. Each section names the command that reproduces it, the machine and the date. "
+        "Measured on a shared 2-core CPU VM unless a section says otherwise: wall times are upper bounds, "
+        "and losses come from one seed per point unless a row says otherwise. "
+        "The papers and formulas behind each benchmark: [docs/RESEARCH.md](docs/RESEARCH.md).",
+        "",
+    ]
     parts += [f"- [{p.stem}](#{p.stem.replace('_', '_')})" for p in paths]
     for p in paths:
         d = json.loads(p.read_text())

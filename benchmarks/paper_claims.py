@@ -18,13 +18,10 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import sys
 import time
-from pathlib import Path
 
-import transfer_regret as TR  # noqa: E402
-
-from hptransfer.io import save_figure, write_json  # noqa: E402
+import transfer_regret as TR
+from hptransfer.io import save_figure, write_json
 
 DP_N, DP_E, DP_DELTA = 50_000, 8, 1e-5
 DP_EPS = [0.5, 2.0, 8.0]
@@ -41,8 +38,13 @@ def optima(results: dict, grid: list[float]) -> dict[int, dict]:
     for w, per in sorted(fits.items()):
         f = per["lr"]
         idx = min(range(len(grid)), key=lambda i: abs(math.log(grid[i] / f.best_grid_value)))
-        out[w] = {"best_grid_lr": f.best_grid_value, "grid_index": idx, "fitted_lr": f.value,
-                  "best_loss": f.best_loss, "on_edge": f.on_edge}
+        out[w] = {
+            "best_grid_lr": f.best_grid_value,
+            "grid_index": idx,
+            "fitted_lr": f.value,
+            "best_loss": f.best_loss,
+            "on_edge": f.on_edge,
+        }
     return out
 
 
@@ -52,9 +54,14 @@ def drift_summary(opt: dict[int, dict]) -> dict:
     ws = sorted(opt)
     idx = [opt[w]["grid_index"] for w in ws]
     fit = fit_log_linear(ws, [math.log(opt[w]["fitted_lr"]) for w in ws])
-    return {"widths": ws, "grid_index": idx, "max_step_spread": max(idx) - min(idx),
-            "steps_smallest_to_widest": idx[-1] - idx[0], "slope_log_lr_vs_log_width": fit.b,
-            "within_one_step": max(idx) - min(idx) <= 1}
+    return {
+        "widths": ws,
+        "grid_index": idx,
+        "max_step_spread": max(idx) - min(idx),
+        "steps_smallest_to_widest": idx[-1] - idx[0],
+        "slope_log_lr_vs_log_width": fit.b,
+        "within_one_step": max(idx) - min(idx) <= 1,
+    }
 
 
 def claim_mup_vs_sp() -> dict:
@@ -65,9 +72,11 @@ def claim_mup_vs_sp() -> dict:
         opt = optima(res, TR.GRIDS[p])
         out[p] = {"optima": opt, **drift_summary(opt)}
     m, s = out["mup"], out["sp"]
-    out["verdict"] = (f"µP: best LR moves {m['max_step_spread']} grid step(s) over widths {widths} "
-                      f"(slope {m['slope_log_lr_vs_log_width']:+.2f}); SP: {s['max_step_spread']} step(s) "
-                      f"(slope {s['slope_log_lr_vs_log_width']:+.2f}; −1 is the textbook 1/width).")
+    out["verdict"] = (
+        f"µP: best LR moves {m['max_step_spread']} grid step(s) over widths {widths} "
+        f"(slope {m['slope_log_lr_vs_log_width']:+.2f}); SP: {s['max_step_spread']} step(s) "
+        f"(slope {s['slope_log_lr_vs_log_width']:+.2f}; −1 is the textbook 1/width)."
+    )
     out["holds"] = bool(m["within_one_step"] and s["max_step_spread"] > m["max_step_spread"])
     # The fitted slope is the less noise-sensitive reading: µP ≈ 0, SP clearly negative.
     out["slope_reading_holds"] = bool(abs(m["slope_log_lr_vs_log_width"]) < 0.15 < -s["slope_log_lr_vs_log_width"])
@@ -78,37 +87,54 @@ def claim_weight_decay() -> dict:
     out = {}
     for mode in ("independent", "standard"):
         # At the base width (m = 1) both forms are the same run.
-        res = TR.run_all([TR.run_key("mup", w, lr, wd_mode=mode if w != TR.LADDER[0] else "independent")
-                          for w in TR.LADDER for lr in TR.GRIDS["mup"]])
+        res = TR.run_all(
+            [
+                TR.run_key("mup", w, lr, wd_mode=mode if w != TR.LADDER[0] else "independent")
+                for w in TR.LADDER
+                for lr in TR.GRIDS["mup"]
+            ]
+        )
         opt = optima(res, TR.GRIDS["mup"])
         out[mode] = {"optima": opt, **drift_summary(opt)}
     i, s = out["independent"], out["standard"]
-    out["verdict"] = (f"independent: slope {i['slope_log_lr_vs_log_width']:+.2f}, spread {i['max_step_spread']} step(s); "
-                      f"standard: slope {s['slope_log_lr_vs_log_width']:+.2f}, spread {s['max_step_spread']} step(s)")
+    out["verdict"] = (
+        f"independent: slope {i['slope_log_lr_vs_log_width']:+.2f}, spread {i['max_step_spread']} step(s); "
+        f"standard: slope {s['slope_log_lr_vs_log_width']:+.2f}, spread {s['max_step_spread']} step(s)"
+    )
     # Reproduced only if standard scaling visibly drifts more: a wider spread in grid steps, or a
     # slope larger by 0.1 (≈ a factor 1.07 per doubling); equal fits are not a reproduction.
-    out["holds"] = bool(i["max_step_spread"] < s["max_step_spread"]
-                        or abs(s["slope_log_lr_vs_log_width"]) - abs(i["slope_log_lr_vs_log_width"]) > 0.1)
-    out["caveat"] = (f"{TR.STEPS} steps with λ={TR.WD}: η·λ·steps ≈ {0.03 * TR.WD * TR.STEPS:.2f} at lr 0.03, far "
-                     "from AdamW's equilibrium where paper 3's effect lives (late in training); a small or absent "
-                     "difference here is expected, not a refutation.")
+    out["holds"] = bool(
+        i["max_step_spread"] < s["max_step_spread"]
+        or abs(s["slope_log_lr_vs_log_width"]) - abs(i["slope_log_lr_vs_log_width"]) > 0.1
+    )
+    out["caveat"] = (
+        f"{TR.STEPS} steps with λ={TR.WD}: η·λ·steps ≈ {0.03 * TR.WD * TR.STEPS:.2f} at lr 0.03, far "
+        "from AdamW's equilibrium where paper 3's effect lives (late in training); a small or absent "
+        "difference here is expected, not a refutation."
+    )
     return out
 
 
 def claim_dp_plateau() -> dict:
     from hptransfer.dp.accounting import noise_table
 
-    out = {"setting": {"N": DP_N, "epochs": DP_E, "delta": DP_DELTA, "accountant": "rdp", "epsilon_tolerance": 0.01},
-           "tables": {}}
+    out = {
+        "setting": {"N": DP_N, "epochs": DP_E, "delta": DP_DELTA, "accountant": "rdp", "epsilon_tolerance": 0.01},
+        "tables": {},
+    }
     for eps in DP_EPS:
         rows = noise_table(eps, DP_DELTA, DP_N, DP_E, DP_B, min_steps=1, accountant="rdp", epsilon_tolerance=0.01)
         vals = [r.sigma_sqrt_t for r in rows]
         out["tables"][f"{eps:g}"] = {
             "rows": [{"B": r.batch_size, "T": r.steps, "sigma": r.sigma, "sigma_sqrt_T": r.sigma_sqrt_t} for r in rows],
-            "ratio_smallest_to_full_batch": vals[0] / vals[-1], "spread_over_B": max(vals) / min(vals) - 1}
+            "ratio_smallest_to_full_batch": vals[0] / vals[-1],
+            "spread_over_B": max(vals) / min(vals) - 1,
+        }
     tight, loose = out["tables"][f"{DP_EPS[0]:g}"], out["tables"][f"{DP_EPS[-1]:g}"]
-    out["verdict"] = (f"ε={DP_EPS[0]:g}: σ√T varies {100 * tight['spread_over_B']:.0f}% over B={DP_B[0]}…{DP_B[-1]} "
-                      f"(plateau); ε={DP_EPS[-1]:g}: falls ×{loose['ratio_smallest_to_full_batch']:.1f} from B={DP_B[0]} to full batch")
+    out["verdict"] = (
+        f"ε={DP_EPS[0]:g}: σ√T varies {100 * tight['spread_over_B']:.0f}% over B={DP_B[0]}…{DP_B[-1]} "
+        f"(plateau); ε={DP_EPS[-1]:g}: falls ×{loose['ratio_smallest_to_full_batch']:.1f} from B={DP_B[0]} to full batch"
+    )
     out["holds"] = bool(tight["spread_over_B"] < 0.2 and loose["ratio_smallest_to_full_batch"] > 2)
     return out
 
@@ -123,8 +149,13 @@ def figure(out: dict):
         ws = sorted(o)
         ax.plot(ws, [o[w]["best_grid_lr"] for w in ws], "o-", color=c, label=f"{p.upper() if p == 'sp' else 'µP'} best grid LR")
         ax.plot(ws, [o[w]["fitted_lr"] for w in ws], "x--", color=c, alpha=0.6, label=f"{p} fitted optimum")
-    ax.set(xscale="log", yscale="log", xlabel="width", ylabel="optimal LR (µP: base-width value)",
-           title="TP-V: optimum vs width, µP vs SP")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="width",
+        ylabel="optimal LR (µP: base-width value)",
+        title="TP-V: optimum vs width, µP vs SP",
+    )
     ax.set_xscale("log", base=2)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, which="both")
@@ -141,8 +172,13 @@ def figure(out: dict):
     ax = axes[2]
     for eps, t in out["dp_plateau"]["tables"].items():
         ax.plot([r["B"] for r in t["rows"]], [r["sigma_sqrt_T"] for r in t["rows"]], "o-", label=f"ε={eps}")
-    ax.set(xscale="log", yscale="log", xlabel="expected batch size B", ylabel="σ√T",
-           title=f"Paper 1: cumulative noise, N={DP_N}, E={DP_E}")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="expected batch size B",
+        ylabel="σ√T",
+        title=f"Paper 1: cumulative noise, N={DP_N}, E={DP_E}",
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
@@ -151,10 +187,22 @@ def figure(out: dict):
 
 def main() -> dict:
     t0 = time.perf_counter()
-    out = {"command": ".venv/bin/python benchmarks/paper_claims.py", "machine": TR.machine(),
-           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "setting": {"ladder": TR.LADDER, "target": TR.TARGET, "steps": TR.STEPS, "batch": TR.BATCH,
-                       "seq_len": TR.SEQ, "weight_decay": TR.WD, "grids": TR.GRIDS, "head_dim": TR.HEAD_DIM, "depth": 2}}
+    out = {
+        "command": ".venv/bin/python benchmarks/paper_claims.py",
+        "machine": TR.machine(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "setting": {
+            "ladder": TR.LADDER,
+            "target": TR.TARGET,
+            "steps": TR.STEPS,
+            "batch": TR.BATCH,
+            "seq_len": TR.SEQ,
+            "weight_decay": TR.WD,
+            "grids": TR.GRIDS,
+            "head_dim": TR.HEAD_DIM,
+            "depth": 2,
+        },
+    }
     out["dp_plateau"] = claim_dp_plateau()
     print(out["dp_plateau"]["verdict"], flush=True)
     out["mup_vs_sp"] = claim_mup_vs_sp()

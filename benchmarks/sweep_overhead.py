@@ -27,10 +27,8 @@ Run: .venv/bin/python benchmarks/sweep_overhead.py      → benchmarks/results/s
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform as _platform
 import shutil
 import sys
 import tempfile
@@ -44,9 +42,15 @@ from common import machine_info  # noqa: E402
 CPUS = 2
 WIDTHS = [32, 64]
 LRS = [1e-3, 2e-3, 3e-3, 5e-3, 7e-3, 1e-2]
-RAY_REFERENCE = {"trials": 10_000, "trial_s": 1.0, "cpus": 16, "observed_s": 715.27, "minimum_s": 625.0,
-                 "overhead": round(715.27 / 625.0 - 1, 4),
-                 "source": "https://docs.ray.io/en/latest/tune/tutorials/tune-scalability.html"}
+RAY_REFERENCE = {
+    "trials": 10_000,
+    "trial_s": 1.0,
+    "cpus": 16,
+    "observed_s": 715.27,
+    "minimum_s": 625.0,
+    "overhead": round(715.27 / 625.0 - 1, 4),
+    "source": "https://docs.ray.io/en/latest/tune/tutorials/tune-scalability.html",
+}
 
 
 def sweep_spec(n_trials: int, steps: int):
@@ -57,15 +61,25 @@ def sweep_spec(n_trials: int, steps: int):
         raise SystemExit(f"--trials must be a multiple of {per_seed} (widths × lrs) or at most {per_seed}, got {n_trials}")
     seeds = max(1, n_trials // per_seed)
     lrs = LRS if n_trials >= per_seed else LRS[: max(1, n_trials // len(WIDTHS))]
-    return parse_spec({
-        "name": f"bench-sweep-{n_trials}",
-        "model": {"family": "llama", "depth": 2, "head_dim": 16, "seq_len": 64, "parametrization": "mup"},
-        "data": {"max_files": 200, "eval_batches": 4},
-        "sweep": {"widths": WIDTHS, "grid": {"lr": lrs}, "steps": steps, "batch_size": 16,
-                  "seeds": list(range(seeds)), "cpus_per_trial": 1, "reports": 4, "fixed": {"warmup_steps": 10}},
-        "target": {"width": 256, "steps": 10, "batch_size": 16},
-        "ray": {"num_cpus": CPUS, "object_store_mb": 256},
-    })
+    return parse_spec(
+        {
+            "name": f"bench-sweep-{n_trials}",
+            "model": {"family": "llama", "depth": 2, "head_dim": 16, "seq_len": 64, "parametrization": "mup"},
+            "data": {"max_files": 200, "eval_batches": 4},
+            "sweep": {
+                "widths": WIDTHS,
+                "grid": {"lr": lrs},
+                "steps": steps,
+                "batch_size": 16,
+                "seeds": list(range(seeds)),
+                "cpus_per_trial": 1,
+                "reports": 4,
+                "fixed": {"warmup_steps": 10},
+            },
+            "target": {"width": 256, "steps": 10, "batch_size": 16},
+            "ray": {"num_cpus": CPUS, "object_store_mb": 256},
+        }
+    )
 
 
 def ray_startup_s() -> dict:
@@ -109,8 +123,13 @@ def cold_start_probe(steps: int, repeats: int = 2) -> dict:
     runs = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        out = subprocess.run([sys.executable, "-c", _PROBE, spec], capture_output=True, text=True, check=True,
-                             env={**os.environ, "PYTHONPATH": str(ROOT / "platform")})
+        out = subprocess.run(
+            [sys.executable, "-c", _PROBE, spec],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "platform")},
+        )
         r = json.loads(out.stdout.strip().splitlines()[-1])
         r["process_total"] = round(time.perf_counter() - t0, 3)
         runs.append(r)
@@ -149,17 +168,23 @@ def one_sweep(n_trials: int, steps: int, work: Path) -> dict:
     train, inside = float(df["train_s"].sum()), float(df["wall_s"].sum())
     cpu_s = wall * CPUS
     return {
-        "trials": n, "statuses": df["status"].value_counts().to_dict(), "steps_per_trial": steps,
-        "wall_s": round(wall, 2), "cpu_s": round(cpu_s, 1),
-        "sum_train_s": round(train, 1), "sum_trial_wall_s": round(inside, 1),
-        "mean_trial_train_s": round(train / n, 2), "mean_trial_wall_s": round(inside / n, 2),
+        "trials": n,
+        "statuses": df["status"].value_counts().to_dict(),
+        "steps_per_trial": steps,
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu_s, 1),
+        "sum_train_s": round(train, 1),
+        "sum_trial_wall_s": round(inside, 1),
+        "mean_trial_train_s": round(train / n, 2),
+        "mean_trial_wall_s": round(inside / n, 2),
         "overhead_share": round(1 - train / cpu_s, 4),
         "outside_trial_share": round(1 - inside / cpu_s, 4),
         "in_trial_non_step_share": round((inside - train) / cpu_s, 4),
         "overhead_cpu_s_per_trial": round((cpu_s - train) / n, 2),
         "outside_trial_cpu_s_per_trial": round((cpu_s - inside) / n, 2),
         "ray_style_overhead": round(wall / (train / CPUS) - 1, 4),
-        "loadavg_1min_before": round(load0, 2), "loadavg_1min_after": round(os.getloadavg()[0], 2),
+        "loadavg_1min_before": round(load0, 2),
+        "loadavg_1min_after": round(os.getloadavg()[0], 2),
     }
 
 
@@ -171,8 +196,12 @@ def linear_fit(points: list[tuple[int, float]]) -> dict:
     b, a = np.polyfit(n, w, 1)
     pred = a + b * n
     r2 = 1 - float(((w - pred) ** 2).sum()) / float(((w - w.mean()) ** 2).sum() or 1)
-    return {"intercept_s": round(float(a), 2), "slope": round(float(b), 3), "r2": round(r2, 4),
-            "max_rel_residual": round(float(np.max(np.abs(w - pred) / w)), 4)}
+    return {
+        "intercept_s": round(float(a), 2),
+        "slope": round(float(b), 3),
+        "r2": round(r2, 4),
+        "max_rel_residual": round(float(np.max(np.abs(w - pred) / w)), 4),
+    }
 
 
 def summarise(info: dict, startup: dict, runs: list[dict], complete: bool) -> dict:
@@ -187,14 +216,36 @@ def summarise(info: dict, startup: dict, runs: list[dict], complete: bool) -> di
         # (Σtrain_s / CPUs) separates "grows with the work" from "load changed".
         fit["wall_vs_ideal_fit"] = linear_fit([(r["sum_train_s"] / CPUS, r["wall_s"]) for r in runs])
     return {
-        "benchmark": "sweep_overhead", "complete": complete, "machine": {**info, "loadavg_at_end": os.getloadavg()},
-        "setup": {"cpus": CPUS, "cpus_per_trial": 1, "widths": WIDTHS, "lrs": LRS, "model": "llama µP depth 2, head_dim 16",
-                  "seq_len": 64, "batch_size": 16, "reports_per_trial": 4,
-                  "reuse_actors": _REUSE[0]},
+        "benchmark": "sweep_overhead",
+        "complete": complete,
+        "machine": {**info, "loadavg_at_end": os.getloadavg()},
+        "setup": {
+            "cpus": CPUS,
+            "cpus_per_trial": 1,
+            "widths": WIDTHS,
+            "lrs": LRS,
+            "model": "llama µP depth 2, head_dim 16",
+            "seq_len": 64,
+            "batch_size": 16,
+            "reports_per_trial": 4,
+            "reuse_actors": _REUSE[0],
+        },
         "ray_startup": startup,
-        "headline": {k: ref[k] for k in ("trials", "wall_s", "overhead_share", "outside_trial_share",
-                                         "overhead_cpu_s_per_trial", "ray_style_overhead", "mean_trial_train_s")},
-        "runs": runs, "growth_fit": fit, "ray_reference": RAY_REFERENCE,
+        "headline": {
+            k: ref[k]
+            for k in (
+                "trials",
+                "wall_s",
+                "overhead_share",
+                "outside_trial_share",
+                "overhead_cpu_s_per_trial",
+                "ray_style_overhead",
+                "mean_trial_train_s",
+            )
+        },
+        "runs": runs,
+        "growth_fit": fit,
+        "ray_reference": RAY_REFERENCE,
         "target": "overhead_share < 0.05 at 5–10 s trials (issue 3)",
         "meets_target": ref["overhead_share"] < 0.05,
     }
@@ -205,11 +256,15 @@ def main(argv: list[str]) -> dict:
     ap.add_argument("--trials", default="12,24,48", help="comma-separated sweep sizes (multiples of 12)")
     ap.add_argument("--steps", type=int, default=200, help="training steps per trial")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sweep_overhead.json"))
-    ap.add_argument("--fresh-actors", action="store_true",
-                    help="what-if: run the same sweeps with Tune's reuse_actors=False (run_sweep reuses actors); "
-                         "write to results/sweep_overhead_fresh_actors.json")
-    ap.add_argument("--probe-only", action="store_true",
-                    help="only time a fresh trial process's start-up and merge it into an existing --out")
+    ap.add_argument(
+        "--fresh-actors",
+        action="store_true",
+        help="what-if: run the same sweeps with Tune's reuse_actors=False (run_sweep reuses actors); "
+        "write to results/sweep_overhead_fresh_actors.json",
+    )
+    ap.add_argument(
+        "--probe-only", action="store_true", help="only time a fresh trial process's start-up and merge it into an existing --out"
+    )
     args = ap.parse_args(argv)
 
     from hptransfer.env import configure

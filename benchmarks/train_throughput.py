@@ -61,32 +61,55 @@ def machine_info(argv: list[str]) -> dict:
     import ray
     import torch
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), _platform.processor())
-    return {"nproc": os.cpu_count(), "cpu_model": cpu, "python": _platform.python_version(),
-            "torch": torch.__version__, "ray": ray.__version__, "deepspeed": deepspeed.__version__,
-            "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([Path(sys.executable).name, *argv]), "loadavg_at_start": os.getloadavg()}
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")),
+        _platform.processor(),
+    )
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu,
+        "python": _platform.python_version(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "deepspeed": deepspeed.__version__,
+        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.executable).name, *argv]),
+        "loadavg_at_start": os.getloadavg(),
+    }
 
 
 def make_plan(width: int, steps: int, batch: int, seq_len: int):
     from hptransfer.plan import TargetShape, TransferPlan
     from hptransfer.spec import parse_spec
 
-    spec = parse_spec({
-        "name": "bench-train",
-        "model": {"family": "llama", "depth": 4, "head_dim": 32, "seq_len": seq_len, "parametrization": "mup"},
-        "data": {"max_files": 200, "eval_batches": 2},
-        "sweep": {"widths": [32, 64], "grid": {"lr": [1e-2]}, "steps": 10, "batch_size": 8},
-        "target": {"width": width, "steps": steps, "batch_size": batch},
-        # eval only at the last step, after tokens_per_s is taken; no periodic checkpoints
-        "train": {"workers": WORKERS, "zero_stage": 1, "cpus_per_worker": 1, "eval_every": 10**6,
-                  "checkpoint_every": 0, "max_failures": 0},
-    })
-    return TransferPlan(study="bench-train", rule="mup", model=spec.model, base_width=64,
-                        target=TargetShape(width=width, steps=steps, batch_size=batch, seq_len=seq_len),
-                        hyperparameters={"lr": 3e-3, "weight_decay": 0.1, "warmup_steps": 2, "grad_clip": 1.0},
-                        data=spec.data, train=spec.train)
+    spec = parse_spec(
+        {
+            "name": "bench-train",
+            "model": {"family": "llama", "depth": 4, "head_dim": 32, "seq_len": seq_len, "parametrization": "mup"},
+            "data": {"max_files": 200, "eval_batches": 2},
+            "sweep": {"widths": [32, 64], "grid": {"lr": [1e-2]}, "steps": 10, "batch_size": 8},
+            "target": {"width": width, "steps": steps, "batch_size": batch},
+            # eval only at the last step, after tokens_per_s is taken; no periodic checkpoints
+            "train": {
+                "workers": WORKERS,
+                "zero_stage": 1,
+                "cpus_per_worker": 1,
+                "eval_every": 10**6,
+                "checkpoint_every": 0,
+                "max_failures": 0,
+            },
+        }
+    )
+    return TransferPlan(
+        study="bench-train",
+        rule="mup",
+        model=spec.model,
+        base_width=64,
+        target=TargetShape(width=width, steps=steps, batch_size=batch, seq_len=seq_len),
+        hyperparameters={"lr": 3e-3, "weight_decay": 0.1, "warmup_steps": 2, "grad_clip": 1.0},
+        data=spec.data,
+        train=spec.train,
+    )
 
 
 def steady_rate(step_s: list[float], tokens_per_step: int) -> float:
@@ -95,6 +118,7 @@ def steady_rate(step_s: list[float], tokens_per_step: int) -> float:
 
 
 # ---- 1. plain single-process loop ------------------------------------------------------------
+
 
 def plain_loop(plan, threads: int) -> dict:
     import torch
@@ -105,8 +129,9 @@ def plain_loop(plan, threads: int) -> dict:
     torch.set_num_threads(threads)
     steps, B, T = plan.target.steps, plan.target.batch_size, plan.target.seq_len
     t_setup = time.perf_counter()
-    run = training_setup(plan.model, plan.target.width, base_width=plan.base_width, hps=plan.hps, total_steps=steps,
-                         seed=plan.seed)
+    run = training_setup(
+        plan.model, plan.target.width, base_width=plan.base_width, hps=plan.hps, total_steps=steps, seed=plan.seed
+    )
     model, opt, sched = run.model, run.optimizer, run.scheduler()
     corpus = load_corpus(plan.data.val_fraction, plan.data.max_files)
     setup_s = time.perf_counter() - t_setup
@@ -124,13 +149,20 @@ def plain_loop(plan, threads: int) -> dict:
         sched.step()
         step_s.append(time.perf_counter() - ts)
     loop_s = time.perf_counter() - t0
-    return {"threads": threads, "params": param_count(model), "setup_s": round(setup_s, 2), "loop_s": round(loop_s, 2),
-            "tokens_per_s": round(steps * B * T / loop_s, 1),
-            "steady_tokens_per_s": round(steady_rate(step_s, B * T), 1),
-            "median_step_s": round(statistics.median(step_s), 4), "final_train_loss": round(loss.item(), 4)}
+    return {
+        "threads": threads,
+        "params": param_count(model),
+        "setup_s": round(setup_s, 2),
+        "loop_s": round(loop_s, 2),
+        "tokens_per_s": round(steps * B * T / loop_s, 1),
+        "steady_tokens_per_s": round(steady_rate(step_s, B * T), 1),
+        "median_step_s": round(statistics.median(step_s), 4),
+        "final_train_loss": round(loss.item(), 4),
+    }
 
 
 # ---- 2. the real `hpt train` ----------------------------------------------------------------
+
 
 def hpt_train(plan, out: Path, tracking_uri: str | None = None, **knobs) -> dict:
     from hptransfer.study import Study
@@ -149,17 +181,26 @@ def hpt_train(plan, out: Path, tracking_uri: str | None = None, **knobs) -> dict
     k = min(WARMUP - 1, len(ends) - 1)  # ends[k] closes the warm-up steps
     steady = (len(ends) - 1 - k) * B * T / (ends[-1] - ends[k]) if len(ends) - 1 > k else float("nan")
     loop_s = tm["final"]["wall_s"]
-    return {"workers": WORKERS, "zero_stage": plan.train.zero_stage, "fit_s": round(total, 2),
-            "loop_s": round(loop_s, 2), "outside_loop_s": round(total - loop_s, 2),
-            "tokens_per_s": round(tm["final"]["tokens_per_s"], 1), "steady_tokens_per_s": round(steady, 1),
-            "end_to_end_tokens_per_s": round(plan.target.steps * B * T / total, 1),
-            "final_train_loss": round(metrics["train_loss"], 4), "status": metrics.get("status"),
-            "mlflow": {k: tm["final"].get(k) for k in ("mlflow_log_s", "mlflow_writes", "mlflow_first_write_s")},
-            "mlflow_every": knobs.get("mlflow_every") or f"{MLFLOW_FLUSH_S:g} s",
-            "mlflow_run_id": metrics["mlflow_run_id"], "tracking_uri": study.tracking_uri}
+    return {
+        "workers": WORKERS,
+        "zero_stage": plan.train.zero_stage,
+        "fit_s": round(total, 2),
+        "loop_s": round(loop_s, 2),
+        "outside_loop_s": round(total - loop_s, 2),
+        "tokens_per_s": round(tm["final"]["tokens_per_s"], 1),
+        "steady_tokens_per_s": round(steady, 1),
+        "end_to_end_tokens_per_s": round(plan.target.steps * B * T / total, 1),
+        "final_train_loss": round(metrics["train_loss"], 4),
+        "status": metrics.get("status"),
+        "mlflow": {k: tm["final"].get(k) for k in ("mlflow_log_s", "mlflow_writes", "mlflow_first_write_s")},
+        "mlflow_every": knobs.get("mlflow_every") or f"{MLFLOW_FLUSH_S:g} s",
+        "mlflow_run_id": metrics["mlflow_run_id"],
+        "tracking_uri": study.tracking_uri,
+    }
 
 
 # ---- 3. instrumented twin -------------------------------------------------------------------
+
 
 def twin_loop(config: dict) -> None:
     """The set-up of train/loop.py with a timer around every phase (no checkpoints, no tracking)."""
@@ -181,13 +222,15 @@ def twin_loop(config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(1)
     steps, B, T = plan.target.steps, plan.target.batch_size, plan.target.seq_len
-    run = training_setup(plan.model, plan.target.width, base_width=plan.base_width, hps=plan.hps, total_steps=steps,
-                         seed=plan.seed)
+    run = training_setup(
+        plan.model, plan.target.width, base_width=plan.base_width, hps=plan.hps, total_steps=steps, seed=plan.seed
+    )
     model = run.model
     ds_cfg = deepspeed_config(plan, world)
     t_model = time.time()
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=run.optimizer, config=ds_cfg,
-                                           lr_scheduler=lambda opt: run.scheduler(opt))
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=run.optimizer, config=ds_cfg, lr_scheduler=lambda opt: run.scheduler(opt)
+    )
     t_ds = time.time()
     corpus = load_corpus(plan.data.val_fraction, plan.data.max_files)
     numel = sum(p.numel() for p in model.parameters())
@@ -200,7 +243,14 @@ def twin_loop(config: dict) -> None:
         ar.append(time.perf_counter() - ts)
     dist.barrier()
     t_comm = time.time()
-    phases = {"data": [], "forward": [], "backward_incl_grad_reduce": [], "step_incl_allgather": [], "loss_allreduce": [], "step_total": []}
+    phases = {
+        "data": [],
+        "forward": [],
+        "backward_incl_grad_reduce": [],
+        "step_incl_allgather": [],
+        "loss_allreduce": [],
+        "step_total": [],
+    }
     micro = ds_cfg["train_micro_batch_size_per_gpu"]
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
@@ -210,8 +260,8 @@ def twin_loop(config: dict) -> None:
         fwd = bwd = stp = 0.0
         for i in range(0, len(x), micro):
             a = time.perf_counter()
-            logits = lm_logits(engine, x[i:i + micro])
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[i:i + micro].reshape(-1))
+            logits = lm_logits(engine, x[i : i + micro])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[i : i + micro].reshape(-1))
             b = time.perf_counter()
             engine.backward(loss)
             c = time.perf_counter()
@@ -226,13 +276,23 @@ def twin_loop(config: dict) -> None:
             phases[k].append(v)
     t_end = time.time()
     summary = {k: round(statistics.median(v[WARMUP:] or v), 4) for k, v in phases.items()}
-    write_json(Path(config["out"]) / f"twin_rank{rank}.json", {
-        "rank": rank, "numel": numel, "micro_batch": micro, "accum": ds_cfg["gradient_accumulation_steps"],
-        "worker_start_s": round(t_enter - config["t_fit"], 2), "imports_s": round(t_import - t_enter, 2),
-        "model_build_s": round(t_model - t_import, 2), "deepspeed_initialize_s": round(t_ds - t_model, 2),
-        "gloo_allreduce_full_grad_s": round(statistics.median(ar[1:]), 4), "loop_s": round(t_end - t_comm, 2),
-        "median_phase_s": summary,
-        "steady_tokens_per_s": round(steady_rate(phases["step_total"], B * T), 1)})
+    write_json(
+        Path(config["out"]) / f"twin_rank{rank}.json",
+        {
+            "rank": rank,
+            "numel": numel,
+            "micro_batch": micro,
+            "accum": ds_cfg["gradient_accumulation_steps"],
+            "worker_start_s": round(t_enter - config["t_fit"], 2),
+            "imports_s": round(t_import - t_enter, 2),
+            "model_build_s": round(t_model - t_import, 2),
+            "deepspeed_initialize_s": round(t_ds - t_model, 2),
+            "gloo_allreduce_full_grad_s": round(statistics.median(ar[1:]), 4),
+            "loop_s": round(t_end - t_comm, 2),
+            "median_phase_s": summary,
+            "steady_tokens_per_s": round(steady_rate(phases["step_total"], B * T), 1),
+        },
+    )
     ray.train.report({"done": 1})
 
 
@@ -242,16 +302,20 @@ def twin(plan, out: Path) -> dict:
 
     out.mkdir(parents=True, exist_ok=True)
     t_fit = time.time()
-    TorchTrainer(twin_loop, train_loop_config={"plan": plan.model_dump(mode="json"), "out": str(out), "t_fit": t_fit},
-                 scaling_config=ScalingConfig(num_workers=WORKERS, use_gpu=False, resources_per_worker={"CPU": 1}),
-                 torch_config=TorchConfig(backend="gloo"),
-                 run_config=RunConfig(name="twin", storage_path=str(out / "ray_results"))).fit()
+    TorchTrainer(
+        twin_loop,
+        train_loop_config={"plan": plan.model_dump(mode="json"), "out": str(out), "t_fit": t_fit},
+        scaling_config=ScalingConfig(num_workers=WORKERS, use_gpu=False, resources_per_worker={"CPU": 1}),
+        torch_config=TorchConfig(backend="gloo"),
+        run_config=RunConfig(name="twin", storage_path=str(out / "ray_results")),
+    ).fit()
     fit_s = time.time() - t_fit
     ranks = [json.loads((out / f"twin_rank{r}.json").read_text()) for r in range(WORKERS)]
     return {"fit_s": round(fit_s, 2), "rank0": ranks[0], "rank1": ranks[1]}
 
 
 # ---- --mlflow: per-step MLflow writes against batched ones ------------------------------------
+
 
 def _median(runs: list[dict], key) -> float:
     return round(statistics.median(key(r) for r in runs), 4)
@@ -263,7 +327,7 @@ def mlflow_compare(plan, work: Path, repeats: int, tracking_uri: str | None) -> 
     variants = [("per_step", 1), ("every_k_steps", math.ceil(plan.target.steps / 50)), ("batched", None)]
     runs: dict[str, list[dict]] = {name: [] for name, _ in variants}
     for i in range(repeats):
-        for name, every in variants[i % 3:] + variants[:i % 3]:
+        for name, every in variants[i % 3 :] + variants[: i % 3]:
             r = hpt_train(plan, work / f"{name}_{i}", mlflow_every=every, tracking_uri=tracking_uri)
             steps = [m.step for m in MlflowClient(r["tracking_uri"]).get_metric_history(r["mlflow_run_id"], "train_loss")]
             r["mlflow_history_complete"] = sorted(steps) == list(range(1, plan.target.steps + 1))
@@ -273,21 +337,30 @@ def mlflow_compare(plan, work: Path, repeats: int, tracking_uri: str | None) -> 
     for name, rs in runs.items():
         m = [r["mlflow"] for r in rs]
         summary[name] = {
-            "mlflow_every": rs[0]["mlflow_every"], "mlflow_writes": _median(m, lambda x: x["mlflow_writes"]),
+            "mlflow_every": rs[0]["mlflow_every"],
+            "mlflow_writes": _median(m, lambda x: x["mlflow_writes"]),
             "mlflow_log_s": _median(m, lambda x: x["mlflow_log_s"]),
             "mlflow_first_write_s": _median(m, lambda x: x["mlflow_first_write_s"]),
             # the first write opens MLflow's store (both variants pay it once); the rest is per write
-            "mlflow_ms_per_later_write": _median(m, lambda x: 1000 * (x["mlflow_log_s"] - x["mlflow_first_write_s"])
-                                                 / max(1, x["mlflow_writes"] - 1)),
+            "mlflow_ms_per_later_write": _median(
+                m, lambda x: 1000 * (x["mlflow_log_s"] - x["mlflow_first_write_s"]) / max(1, x["mlflow_writes"] - 1)
+            ),
             "mlflow_ms_per_step": _median(m, lambda x: 1000 * x["mlflow_log_s"] / plan.target.steps),
             "mlflow_s_per_100_loop_s": _median(rs, lambda r: 100 * r["mlflow"]["mlflow_log_s"] / r["loop_s"]),
-            "loop_s": _median(rs, lambda r: r["loop_s"]), "steady_tokens_per_s": _median(rs, lambda r: r["steady_tokens_per_s"]),
-            "mlflow_history_complete": all(r["mlflow_history_complete"] for r in rs)}
+            "loop_s": _median(rs, lambda r: r["loop_s"]),
+            "steady_tokens_per_s": _median(rs, lambda r: r["steady_tokens_per_s"]),
+            "mlflow_history_complete": all(r["mlflow_history_complete"] for r in rs),
+        }
     base = summary["per_step"]
-    return {"variants": summary, "runs": runs,
-            "ratio_to_per_step": {name: {k: round(v[k] / base[k], 3) for k in
-                                         ("mlflow_log_s", "mlflow_writes", "loop_s", "steady_tokens_per_s")}
-                                  for name, v in summary.items() if name != "per_step"}}
+    return {
+        "variants": summary,
+        "runs": runs,
+        "ratio_to_per_step": {
+            name: {k: round(v[k] / base[k], 3) for k in ("mlflow_log_s", "mlflow_writes", "loop_s", "steady_tokens_per_s")}
+            for name, v in summary.items()
+            if name != "per_step"
+        },
+    }
 
 
 def main(argv: list[str]) -> dict:
@@ -321,15 +394,27 @@ def main(argv: list[str]) -> dict:
                 cmp = mlflow_compare(plan, work, args.repeats, args.tracking_uri)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        result = {"benchmark": "train_mlflow_batching",
-                  "machine": {**info, "loadavg_1min": {"start": round(load0, 2), "end": round(os.getloadavg()[0], 2)}},
-                  "setup": {"model": f"llama µP depth {plan.model.depth}, head_dim {plan.model.head_dim}", "width": args.width,
-                            "global_batch": args.batch, "seq_len": args.seq_len, "steps": args.steps, "workers": WORKERS,
-                            "zero_stage": 1, "tracking": args.tracking_uri or "sqlite (each run's study folder)",
-                            "repeats": args.repeats}, **cmp}
+        result = {
+            "benchmark": "train_mlflow_batching",
+            "machine": {**info, "loadavg_1min": {"start": round(load0, 2), "end": round(os.getloadavg()[0], 2)}},
+            "setup": {
+                "model": f"llama µP depth {plan.model.depth}, head_dim {plan.model.head_dim}",
+                "width": args.width,
+                "global_batch": args.batch,
+                "seq_len": args.seq_len,
+                "steps": args.steps,
+                "workers": WORKERS,
+                "zero_stage": 1,
+                "tracking": args.tracking_uri or "sqlite (each run's study folder)",
+                "repeats": args.repeats,
+            },
+            **cmp,
+        }
         write_json(args.out, result)
-        print(f"[train_throughput --mlflow] {json.dumps(cmp['variants'])}\n  ratios {cmp['ratio_to_per_step']}; "
-              f"wrote {args.out}", flush=True)
+        print(
+            f"[train_throughput --mlflow] {json.dumps(cmp['variants'])}\n  ratios {cmp['ratio_to_per_step']}; wrote {args.out}",
+            flush=True,
+        )
         return result
     work = Path(tempfile.mkdtemp(prefix="hpt_bench_train_"))
     loads = {"before_plain": os.getloadavg()[0]}
@@ -358,18 +443,36 @@ def main(argv: list[str]) -> dict:
     step = ph["step_total"]
     comm = r0["gloo_allreduce_full_grad_s"]
     result = {
-        "benchmark": "train_throughput", "machine": {**info, "loadavg_1min": {k: round(v, 2) for k, v in loads.items()}},
-        "setup": {"model": f"llama µP depth {plan.model.depth}, head_dim {plan.model.head_dim}", "width": args.width,
-                  "params": plain["params"], "global_batch": args.batch, "seq_len": args.seq_len, "steps": args.steps,
-                  "workers": WORKERS, "zero_stage": 1, "backend": "gloo", "warmup_steps_excluded": WARMUP},
-        "plain": plain, "plain_variants": plains, "hpt_train": {**ht, "ray_init_s": round(ray_init_s, 2)}, "twin": tw,
+        "benchmark": "train_throughput",
+        "machine": {**info, "loadavg_1min": {k: round(v, 2) for k, v in loads.items()}},
+        "setup": {
+            "model": f"llama µP depth {plan.model.depth}, head_dim {plan.model.head_dim}",
+            "width": args.width,
+            "params": plain["params"],
+            "global_batch": args.batch,
+            "seq_len": args.seq_len,
+            "steps": args.steps,
+            "workers": WORKERS,
+            "zero_stage": 1,
+            "backend": "gloo",
+            "warmup_steps_excluded": WARMUP,
+        },
+        "plain": plain,
+        "plain_variants": plains,
+        "hpt_train": {**ht, "ray_init_s": round(ray_init_s, 2)},
+        "twin": tw,
         "ratio_reported": round(ht["tokens_per_s"] / plain["tokens_per_s"], 3),
         "ratio_steady": round(ht["steady_tokens_per_s"] / plain["steady_tokens_per_s"], 3),
         "ratio_end_to_end": round(ht["end_to_end_tokens_per_s"] / plain["tokens_per_s"], 3),
         "cost_breakdown": {
-            "fixed_s": {"ray_init": round(ray_init_s, 2), "run_train_outside_loop": ht["outside_loop_s"],
-                        "twin_worker_start": r0["worker_start_s"], "twin_imports": r0["imports_s"],
-                        "twin_model_build": r0["model_build_s"], "twin_deepspeed_initialize": r0["deepspeed_initialize_s"]},
+            "fixed_s": {
+                "ray_init": round(ray_init_s, 2),
+                "run_train_outside_loop": ht["outside_loop_s"],
+                "twin_worker_start": r0["worker_start_s"],
+                "twin_imports": r0["imports_s"],
+                "twin_model_build": r0["model_build_s"],
+                "twin_deepspeed_initialize": r0["deepspeed_initialize_s"],
+            },
             "per_step_s_rank0": ph,
             "per_step_shares": {k: round(v / step, 3) for k, v in ph.items() if k != "step_total"},
             "gloo_allreduce_full_grad_s": comm,
@@ -379,8 +482,11 @@ def main(argv: list[str]) -> dict:
         "target": "ratio ≥ 0.85 (issue 6)",
     }
     write_json(args.out, result)
-    print(f"[train_throughput] ratio reported {result['ratio_reported']}, steady {result['ratio_steady']}, "
-          f"end-to-end {result['ratio_end_to_end']}; wrote {args.out}", flush=True)
+    print(
+        f"[train_throughput] ratio reported {result['ratio_reported']}, steady {result['ratio_steady']}, "
+        f"end-to-end {result['ratio_end_to_end']}; wrote {args.out}",
+        flush=True,
+    )
     return result
 
 

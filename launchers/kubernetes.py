@@ -38,9 +38,15 @@ def main(
     out: Annotated[Optional[Path], typer.Option(help="Write the manifests here and do not apply them.")] = None,
     dry_run: Annotated[bool, typer.Option(help="kubectl apply --dry-run=server.")] = False,
 ) -> None:
-    req = request_from_flags(spec, image=image, namespace=namespace, workers=workers,
-                             gpus_per_worker=gpus_per_worker, queue=queue,
-                             active_deadline_seconds=active_deadline_seconds or None)
+    req = request_from_flags(
+        spec,
+        image=image,
+        namespace=namespace,
+        workers=workers,
+        gpus_per_worker=gpus_per_worker,
+        queue=queue,
+        active_deadline_seconds=active_deadline_seconds or None,
+    )
     manifest = to_yaml(render_study(req))
     context = None if out else kube.current_context()
     if context is None:
@@ -49,13 +55,18 @@ def main(
         why = "" if out else " (no kubectl context configured)"
         typer.echo(f"wrote {target}{why}; apply with: kubectl apply -f {target}", err=True)
         return
-    typer.echo(f"applying ConfigMap {namespace}/{req.spec_configmap} and RayJob {namespace}/{req.job_name} "
-               f"to context {context}", err=True)
+    typer.echo(
+        f"applying ConfigMap {namespace}/{req.spec_configmap} and RayJob {namespace}/{req.job_name} to context {context}",
+        err=True,
+    )
     code = kube.apply(manifest, dry_run=dry_run)
     if code == 0 and not dry_run:
         queued = f" (suspended until Kueue queue {queue!r} admits it)" if queue else ""
-        typer.echo(f"follow{queued}: kubectl -n {namespace} get rayjob {req.job_name} -w; "
-                   f"logs: kubectl -n {namespace} logs -f job/{req.job_name}", err=True)
+        typer.echo(
+            f"follow{queued}: kubectl -n {namespace} get rayjob {req.job_name} -w; "
+            f"logs: kubectl -n {namespace} logs -f job/{req.job_name}",
+            err=True,
+        )
     sys.exit(code)
 
 

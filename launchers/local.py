@@ -33,8 +33,7 @@ def hpt_args(spec: Path, study_dir: Path | None, tracking_uri: str | None) -> li
 def main(
     spec: Annotated[Path, typer.Argument(metavar="SPEC", exists=True, dir_okay=False, help="Study spec YAML.")],
     study_dir: Annotated[Optional[Path], typer.Option(help="Study folder; default studies/<spec name>.")] = None,
-    tracking_uri: Annotated[Optional[str],
-                            typer.Option(help="MLflow server; default SQLite in the study folder.")] = None,
+    tracking_uri: Annotated[Optional[str], typer.Option(help="MLflow server; default SQLite in the study folder.")] = None,
     dry_run: Annotated[bool, typer.Option(help="Print the hpt command and stop.")] = False,
 ) -> None:
     args = hpt_args(spec, study_dir, tracking_uri)

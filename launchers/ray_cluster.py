@@ -32,21 +32,27 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 def main(
     ctx: typer.Context,
     spec: Annotated[Path, typer.Argument(metavar="SPEC", help="Study spec inside the project.")],
-    address: Annotated[Optional[str], typer.Option(envvar="RAY_API_SERVER_ADDRESS",
-                                                   help="Ray dashboard / Jobs API, e.g. http://127.0.0.1:8265.")] = None,
+    address: Annotated[
+        Optional[str], typer.Option(envvar="RAY_API_SERVER_ADDRESS", help="Ray dashboard / Jobs API, e.g. http://127.0.0.1:8265.")
+    ] = None,
     verb: Annotated[str, typer.Option(help="hpt command to run on the cluster.")] = "run",
-    tracking_uri: Annotated[Optional[str], typer.Option(envvar="MLFLOW_TRACKING_URI",
-                                                        help="MLflow server the job logs to.")] = None,
-    study_root: Annotated[str, typer.Option(
-        help="Shared folder on the cluster; the study goes to STUDY_ROOT/<spec name> unless --study-dir is "
-             "passed through.")] = ray_jobs.DEFAULT_STUDY_ROOT,
-    entrypoint: Annotated[Optional[str], typer.Option(
-        help="Run this shell command instead of `hpt VERB SPEC` (same runtime env).")] = None,
-    working_dir: Annotated[Optional[Path],
-                           typer.Option(help="Folder shipped as working_dir; default the project.")] = None,
+    tracking_uri: Annotated[
+        Optional[str], typer.Option(envvar="MLFLOW_TRACKING_URI", help="MLflow server the job logs to.")
+    ] = None,
+    study_root: Annotated[
+        str,
+        typer.Option(
+            help="Shared folder on the cluster; the study goes to STUDY_ROOT/<spec name> unless --study-dir is passed through."
+        ),
+    ] = ray_jobs.DEFAULT_STUDY_ROOT,
+    entrypoint: Annotated[
+        Optional[str], typer.Option(help="Run this shell command instead of `hpt VERB SPEC` (same runtime env).")
+    ] = None,
+    working_dir: Annotated[Optional[Path], typer.Option(help="Folder shipped as working_dir; default the project.")] = None,
     timeout_s: Annotated[Optional[float], typer.Option(help="Stop the job after this many seconds.")] = None,
-    list_upload: Annotated[bool, typer.Option(
-        "--list-upload", help="Print every file Ray would upload (Ray's own packaging) and exit.")] = False,
+    list_upload: Annotated[
+        bool, typer.Option("--list-upload", help="Print every file Ray would upload (Ray's own packaging) and exit.")
+    ] = False,
 ) -> None:
     project = (working_dir or ray_jobs.project_root(spec.resolve().parent)).resolve()
     try:
@@ -63,8 +69,7 @@ def main(
             typer.echo("\n".join(files))
         return
     if not address:
-        raise typer.BadParameter("missing: pass --address http://HEAD:8265 or set RAY_API_SERVER_ADDRESS",
-                                 param_hint="--address")
+        raise typer.BadParameter("missing: pass --address http://HEAD:8265 or set RAY_API_SERVER_ADDRESS", param_hint="--address")
     if entrypoint:
         cmd = entrypoint
     else:
@@ -75,16 +80,25 @@ def main(
         study_dir = str(PurePosixPath(study_root) / name)
         cmd = ray_jobs.hpt_entrypoint(verb, spec_rel, *ctx.args, study_dir=study_dir)
         if verb in ray_jobs.TAKES_STUDY_DIR and not ray_jobs.has_flag(tuple(ctx.args), "--study-dir", "-o"):
-            typer.echo(f"[hptransfer] study folder on the cluster: {study_dir} (must be shared by every node; "
-                       "--study-root or --study-dir to change)", err=True)
+            typer.echo(
+                f"[hptransfer] study folder on the cluster: {study_dir} (must be shared by every node; "
+                "--study-root or --study-dir to change)",
+                err=True,
+            )
     try:
         outcome = ray_jobs.submit_and_follow(address, cmd, env, timeout_s=timeout_s)
     except ConnectionError as e:
-        typer.echo(f"[hptransfer] {e} Is the dashboard reachable there (on Kubernetes: kubectl port-forward "
-                   "svc/<cluster>-head-svc 8265)?", err=True)
+        typer.echo(
+            f"[hptransfer] {e} Is the dashboard reachable there (on Kubernetes: kubectl port-forward "
+            "svc/<cluster>-head-svc 8265)?",
+            err=True,
+        )
         sys.exit(1)
-    typer.echo(f"[hptransfer] job {outcome.job_id}: {outcome.status} (exit {outcome.exit_code})"
-               + (f" {outcome.message}" if outcome.status != "SUCCEEDED" else ""), err=True)
+    typer.echo(
+        f"[hptransfer] job {outcome.job_id}: {outcome.status} (exit {outcome.exit_code})"
+        + (f" {outcome.message}" if outcome.status != "SUCCEEDED" else ""),
+        err=True,
+    )
     sys.exit(outcome.exit_code)
 
 

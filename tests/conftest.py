@@ -37,8 +37,14 @@ def tiny_spec_dict(**over) -> dict:
         "name": "tiny",
         "model": {"family": "mlp", "depth": 2, "head_dim": 8, "seq_len": 16, "parametrization": "mup"},
         "data": {"max_files": 40, "eval_batches": 2},
-        "sweep": {"widths": [16, 32], "grid": {"lr": [0.003, 0.03, 0.3]}, "steps": 12, "batch_size": 8, "noise_seeds": 0,
-                  "fixed": {"warmup_steps": 2}},
+        "sweep": {
+            "widths": [16, 32],
+            "grid": {"lr": [0.003, 0.03, 0.3]},
+            "steps": 12,
+            "batch_size": 8,
+            "noise_seeds": 0,
+            "fixed": {"warmup_steps": 2},
+        },
         "target": {"width": 64, "steps": 6, "batch_size": 8},
         "train": {"workers": 2, "zero_stage": 1, "eval_every": 3},
         "ray": {"num_cpus": 2, "object_store_mb": 256},
@@ -63,8 +69,9 @@ def ray_local():
     """One local Ray for every test that needs it (start-up costs seconds and ~1 GB)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024 * 1024,
-             logging_level="WARNING", log_to_driver=False)
+    ray.init(
+        num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024 * 1024, logging_level="WARNING", log_to_driver=False
+    )
     yield ray
     ray.shutdown()
 
@@ -76,10 +83,26 @@ def mlflow_server(tmp_path_factory):
     port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
-         "--default-artifact-root", str(root / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1"],
-        stdout=open(root / "server.log", "wb"), stderr=subprocess.STDOUT, env=env)
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root}/mlflow.db",
+            "--default-artifact-root",
+            str(root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=open(root / "server.log", "wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     uri = f"http://127.0.0.1:{port}"
     import urllib.request
 

@@ -52,10 +52,17 @@ def _grid(ratio: float) -> np.ndarray:
 
 def _penalty(rule: str, fits: dict, verdict: dict, power: float | None) -> tuple[float, float, float, float]:
     """(predicted mean, lo, hi, realized) for `rule`'s value at TARGET; realized = κ·(x_rule − x*)²."""
-    ev = Evidence(optima={w: {"lr": f.value} for w, f in fits.items()}, fixed={}, base_width=32, parametrization="mup",
-                  log_se={w: {"lr": f.log_se} for w, f in fits.items()},
-                  censored={w: {"lr": f.censored} for w, f in fits.items()})
-    lr = RULES[rule](ev, Target(width=TARGET, steps=100, batch_size=16, proxy_steps=100, proxy_batch_size=16)).hyperparameters["lr"]
+    ev = Evidence(
+        optima={w: {"lr": f.value} for w, f in fits.items()},
+        fixed={},
+        base_width=32,
+        parametrization="mup",
+        log_se={w: {"lr": f.log_se} for w, f in fits.items()},
+        censored={w: {"lr": f.censored} for w, f in fits.items()},
+    )
+    lr = RULES[rule](ev, Target(width=TARGET, steps=100, batch_size=16, proxy_steps=100, proxy_batch_size=16)).hyperparameters[
+        "lr"
+    ]
     d = penalty_at_target({w: {"lr": f} for w, f in fits.items()}, "lr", True, verdict, TARGET, lr)
     realized = KAPPA * (math.log(lr) - math.log(true_optimum(TARGET, NU, power=power, n0=64))) ** 2
     return d["predicted_penalty"], *d["predicted_penalty_interval"], realized
@@ -71,17 +78,30 @@ def simulate(name: str) -> dict:
         fits = {}
         for n in widths:
             above = None if diverge is None else diverge * true_optimum(n, NU, power=power, n0=64)
-            v, loss, div = synthetic_trials(n, grid, nu_inf=NU, power=power, kappa=KAPPA, noise=NOISE, n_seeds=seeds,
-                                            diverge_above=above, rng=rng)
+            v, loss, div = synthetic_trials(
+                n, grid, nu_inf=NU, power=power, kappa=KAPPA, noise=NOISE, n_seeds=seeds, diverge_above=above, rng=rng
+            )
             fits[n] = fit_optimum(v, loss, diverged=div, seed=d)
-        out = diagnose({w: {"lr": f} for w, f in fits.items()}, ["lr"], {"lr"}, "mup", "mup", max(widths), TARGET,
-                       {"lr": fits[max(widths)].value}, seed=d)
+        out = diagnose(
+            {w: {"lr": f} for w, f in fits.items()},
+            ["lr"],
+            {"lr"},
+            "mup",
+            "mup",
+            max(widths),
+            TARGET,
+            {"lr": fits[max(widths)].value},
+            seed=d,
+        )
         drift[out["drift_verdict"]["verdict"]] += 1
         fast[str(out["fast_transfer"])] += 1
         for r in penalty_rules:
             pen[r].append(_penalty(r, fits, out["drift_verdict"], power))
-    return {"drift": {k: v / DRAWS for k, v in drift.items()}, "fast": {k: v / DRAWS for k, v in fast.items()},
-            "penalty": {r: np.array(p) for r, p in pen.items()}}
+    return {
+        "drift": {k: v / DRAWS for k, v in drift.items()},
+        "fast": {k: v / DRAWS for k, v in fast.items()},
+        "penalty": {r: np.array(p) for r, p in pen.items()},
+    }
 
 
 def test_no_false_drift_on_a_width_invariant_optimum():
@@ -103,8 +123,9 @@ def test_a_coarser_grid_keeps_both_error_rates():
     assert simulate("1/width drift, 5 widths x 3 seeds, x2 grid")["drift"].get("drift", 0) >= 0.90
 
 
-@pytest.mark.parametrize("name", ["invariant, 5 widths x 3 seeds, diverges above 4 nu*",
-                                  "invariant, 5 widths x 3 seeds, diverges just above nu*"])
+@pytest.mark.parametrize(
+    "name", ["invariant, 5 widths x 3 seeds, diverges above 4 nu*", "invariant, 5 widths x 3 seeds, diverges just above nu*"]
+)
 def test_divergence_above_the_optimum_does_not_create_drift(name):
     """Just above ν* every width is capped (censored): too few usable widths, so undecided — the
     old engine called this drift with β = 4."""
@@ -135,11 +156,15 @@ def table() -> str:
     for name in SCENARIOS:
         r = simulate(name)
         d, f = r["drift"], r["fast"]
-        rows.append(f"| {name} | {d.get('drift', 0):.3f} / {d.get('none', 0):.3f} / {d.get('undecided', 0):.3f} "
-                    f"| {f.get('True', 0):.3f} / {f.get('False', 0):.3f} / {f.get('undecided', 0):.3f} |")
+        rows.append(
+            f"| {name} | {d.get('drift', 0):.3f} / {d.get('none', 0):.3f} / {d.get('undecided', 0):.3f} "
+            f"| {f.get('True', 0):.3f} / {f.get('False', 0):.3f} / {f.get('undecided', 0):.3f} |"
+        )
     pen = simulate("1/width drift, 5 widths x 3 seeds")["penalty"]
-    rows.append(f"\npredicted penalty, 1/width drift, target {TARGET} ({DRAWS} draws): rule | mean predicted | "
-                "mean realized | interval coverage")
+    rows.append(
+        f"\npredicted penalty, 1/width drift, target {TARGET} ({DRAWS} draws): rule | mean predicted | "
+        "mean realized | interval coverage"
+    )
     for rule, p in pen.items():
         pred, lo, hi, real = p.T
         rows.append(f"{rule} | {pred.mean():.4f} | {real.mean():.4f} | {np.mean((lo <= real) & (real <= hi)):.3f}")

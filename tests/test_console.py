@@ -26,8 +26,14 @@ from conftest import tiny_spec_dict
 
 STEPS = 10
 # Printed during every large run (Ray Train, DeepSpeed, torch): off the console, in the log file.
-NOISE = ["TrainingReport(", "deepspeed_shm_comm_op built", "Setting accelerator to CPU", "FutureWarning",
-         "(RayTrainWorker pid=", "(TrainController pid="]
+NOISE = [
+    "TrainingReport(",
+    "deepspeed_shm_comm_op built",
+    "Setting accelerator to CPU",
+    "FutureWarning",
+    "(RayTrainWorker pid=",
+    "(TrainController pid=",
+]
 # Printed on some machines only (e.g. several Ray instances on one host): never on the console.
 SOMETIMES = ["PlacementGroupCleaner", "Failed to query Ray Train Controller actor state", "Token authentication"]
 PROGRESS = re.compile(r"^train step (\d+)/(\d+)  loss \d+\.\d{4}(  val \d+\.\d{4})?  tok/s \d+  ETA \S+$", re.M)
@@ -43,8 +49,11 @@ def hpt(*args: str) -> subprocess.CompletedProcess:
 def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("console")
     spec = root / "tiny.yaml"
-    spec.write_text(yaml.safe_dump(tiny_spec_dict(name="console", target={"width": 64, "steps": STEPS, "batch_size": 8},
-                                                  train={"eval_every": 5})))
+    spec.write_text(
+        yaml.safe_dump(
+            tiny_spec_dict(name="console", target={"width": 64, "steps": STEPS, "batch_size": 8}, train={"eval_every": 5})
+        )
+    )
     study = root / "study"
     r = hpt("run", str(spec), "--study-dir", str(study))
     return {"spec": spec, "dir": study, "console": r.stdout + r.stderr, "log": (study / "hpt.log").read_text()}
@@ -80,8 +89,7 @@ def test_progress_json_and_status_of_the_finished_study(study):
     assert progress["eta_s"] == 0 and progress["tokens_per_s"] > 0 and progress["time"] > progress["started"]
     st = json.loads(hpt("status", str(study["dir"]), "--json").stdout)
     states = {k: v["state"] for k, v in st["stages"].items()}
-    assert states == {"spec": "done", "coord_check": "pass", "sweep": "done", "plan": "done", "train": "done",
-                      "report": "done"}
+    assert states == {"spec": "done", "coord_check": "pass", "sweep": "done", "plan": "done", "train": "done", "report": "done"}
     assert st["stages"]["sweep"]["by_status"] == {"ok": 6}
     assert st["stages"]["train"]["final"]["step"] == STEPS
     kinds = sorted(r["kind"] for r in st["mlflow"]["runs"])
@@ -104,6 +112,7 @@ def test_verbose_brings_the_noise_back(study):
 
 # --- the pieces, fast -----------------------------------------------------------------------------
 
+
 @pytest.fixture
 def log_file(tmp_path):
     path = logs.attach(tmp_path / "hpt.log")
@@ -112,8 +121,12 @@ def log_file(tmp_path):
 
 
 def test_worker_output_goes_to_the_log_file_and_to_the_console_only_when_verbose(log_file, capsys):
-    noise = {"pid": 4242, "actor_name": "RayTrainWorker", "is_err": True,
-             "lines": ["\x1b[36mDeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully\x1b[0m"]}
+    noise = {
+        "pid": 4242,
+        "actor_name": "RayTrainWorker",
+        "is_err": True,
+        "lines": ["\x1b[36mDeepSpeed deepspeed.ops.comm.deepspeed_shm_comm_op built successfully\x1b[0m"],
+    }
     logs.route_worker_output(noise)
     logs.route_worker_output({"pid": "raylet", "is_err": True, "lines": ["A worker died or was killed"]})
     out = capsys.readouterr()

@@ -7,16 +7,21 @@ import sys
 import pytest
 import yaml
 
-from conftest import tiny_spec_dict
 from hptransfer.coordcheck import coord_check
 from hptransfer.spec import parse_spec
 from hptransfer.study import Study
 
+from conftest import tiny_spec_dict
+
 
 def _llama(par):
-    return parse_spec(tiny_spec_dict(
-        model={"family": "llama", "parametrization": par, "head_dim": 16, "seq_len": 32, "depth": 2},
-        sweep={"widths": [32, 64, 128, 256]}, target={"width": 256}))
+    return parse_spec(
+        tiny_spec_dict(
+            model={"family": "llama", "parametrization": par, "head_dim": 16, "seq_len": 32, "depth": 2},
+            sweep={"widths": [32, 64, 128, 256]},
+            target={"width": 256},
+        )
+    )
 
 
 @pytest.mark.parametrize("par,passes", [("mup", True), ("sp", False)])
@@ -37,7 +42,10 @@ def test_coord_check_cli_exit_code(tmp_path):
     spec = tmp_path / "sp.yaml"
     d = tiny_spec_dict(model={"parametrization": "sp"}, sweep={"widths": [16, 64]})
     spec.write_text(yaml.safe_dump(d))
-    r = subprocess.run([sys.executable, "-m", "hptransfer", "coord-check", str(spec), "-o", str(tmp_path / "out")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "hptransfer", "coord-check", str(spec), "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "FAIL" in r.stdout and (tmp_path / "out" / "coord_check.png").exists()

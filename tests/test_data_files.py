@@ -62,8 +62,17 @@ def corpus_dir(tmp_path_factory) -> Path:
 
 
 def _spec_dict(root: Path, cache: Path, **data) -> dict:
-    return tiny_spec_dict(data={"corpus": "files", "paths": [str(root / "data" / "*.jsonl")], "tokenizer": str(root / "tokenizer"),
-                                "cache_dir": str(cache), "max_files": None, "eval_batches": 2, **data})
+    return tiny_spec_dict(
+        data={
+            "corpus": "files",
+            "paths": [str(root / "data" / "*.jsonl")],
+            "tokenizer": str(root / "tokenizer"),
+            "cache_dir": str(cache),
+            "max_files": None,
+            "eval_batches": 2,
+            **data,
+        }
+    )
 
 
 def _data(root: Path, cache: Path, **data):
@@ -144,11 +153,22 @@ def test_text_and_parquet_files(tmp_path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text("\n\n".join(docs[:30]))  # paragraphs are documents
     pq.write_table(pa.table({"body": docs[30:]}), tmp_path / "in" / "b.parquet")
-    data = parse_spec(tiny_spec_dict(data={"corpus": "files", "paths": [str(tmp_path / "in" / "*")], "text_field": "body",
-                                           "cache_dir": str(tmp_path / "cache"), "max_files": None})).data
+    data = parse_spec(
+        tiny_spec_dict(
+            data={
+                "corpus": "files",
+                "paths": [str(tmp_path / "in" / "*")],
+                "text_field": "body",
+                "cache_dir": str(tmp_path / "cache"),
+                "max_files": None,
+            }
+        )
+    ).data
     m = prepare(data).manifest
     assert [(Path(i["path"]).name, i["format"], sum(i["documents"].values())) for i in m["inputs"]] == [
-        ("a.txt", "text", 30), ("b.parquet", "parquet", 30)]
+        ("a.txt", "text", 30),
+        ("b.parquet", "parquet", 30),
+    ]
     assert m["dtype"] == "uint8" and m["tokens"]["train"] + m["tokens"]["val"] == sum(len(d) + 1 for d in docs)
 
 
@@ -157,8 +177,14 @@ def test_sweep_trial_trains_on_local_files_with_the_tokenizer(corpus_dir, tmp_pa
     from hptransfer.sweep.trial import train_proxy
 
     d = _spec_dict(corpus_dir, tmp_path / "fresh_cache")
-    d["model"] = {"family": "hf", "config": {"model_type": "qwen2", "num_attention_heads": 2, "num_key_value_heads": 1},
-                  "head_dim": 16, "seq_len": 32, "depth": 1, "parametrization": "mup"}
+    d["model"] = {
+        "family": "hf",
+        "config": {"model_type": "qwen2", "num_attention_heads": 2, "num_key_value_heads": 1},
+        "head_dim": 16,
+        "seq_len": 32,
+        "depth": 1,
+        "parametrization": "mup",
+    }
     d["sweep"] = {**d["sweep"], "widths": [32, 64]}
     spec = parse_spec(d)
     m = train_proxy(spec, 32, Hyperparameters(lr=1e-2, warmup_steps=2), seed=0, n_reports=1)
@@ -173,27 +199,45 @@ def _problems(data) -> str:
 
 
 def test_missing_files(corpus_dir, tmp_path):
-    text = _problems(_data(corpus_dir, tmp_path, paths=[str(corpus_dir / "data" / "*.jsonl"), str(tmp_path / "nope" / "*.jsonl")]))
+    text = _problems(
+        _data(corpus_dir, tmp_path, paths=[str(corpus_dir / "data" / "*.jsonl"), str(tmp_path / "nope" / "*.jsonl")])
+    )
     assert "data.paths[1]: no file matches" in text and "nope" in text and "check the path" in text
 
 
-@pytest.mark.parametrize("case,rows,words", [
-    ("absent text field", [{"content": "x"}] * 3, ["has no field 'text'", "content", "set data.text_field"]),
-    ("empty text field", [{"text": ""}] * 3, ["every 'text' is empty"]),
-    ("a row without text", [{"text": "a b"}, {"text": None}, {"text": "c d"}], ["missing or not text in row(s) [1]"]),
-])
+@pytest.mark.parametrize(
+    "case,rows,words",
+    [
+        ("absent text field", [{"content": "x"}] * 3, ["has no field 'text'", "content", "set data.text_field"]),
+        ("empty text field", [{"text": ""}] * 3, ["every 'text' is empty"]),
+        ("a row without text", [{"text": "a b"}, {"text": None}, {"text": "c d"}], ["missing or not text in row(s) [1]"]),
+    ],
+)
 def test_bad_text_field(case, rows, words, tmp_path):
     bad = _write_jsonl(tmp_path / "in" / "bad.jsonl", rows)
-    text = _problems(parse_spec(tiny_spec_dict(data={"corpus": "files", "paths": [str(bad)], "cache_dir": str(tmp_path),
-                                                     "max_files": None})).data)
+    text = _problems(
+        parse_spec(
+            tiny_spec_dict(data={"corpus": "files", "paths": [str(bad)], "cache_dir": str(tmp_path), "max_files": None})
+        ).data
+    )
     assert str(bad) in text and all(w in text for w in words), text
 
 
 def test_every_bad_file_is_reported_at_once(tmp_path):
     a = _write_jsonl(tmp_path / "in" / "a.jsonl", [{"body": "x"}])
     b = _write_jsonl(tmp_path / "in" / "b.jsonl", [{"text": ""}])
-    text = _problems(parse_spec(tiny_spec_dict(data={"corpus": "files", "paths": [str(tmp_path / "in" / "*.jsonl")],
-                                                     "cache_dir": str(tmp_path), "max_files": None})).data)
+    text = _problems(
+        parse_spec(
+            tiny_spec_dict(
+                data={
+                    "corpus": "files",
+                    "paths": [str(tmp_path / "in" / "*.jsonl")],
+                    "cache_dir": str(tmp_path),
+                    "max_files": None,
+                }
+            )
+        ).data
+    )
     assert "2 problem(s)" in text and str(a) in text and str(b) in text
 
 
@@ -201,8 +245,11 @@ def test_non_utf8_text(tmp_path):
     bad = tmp_path / "in" / "latin1.txt"
     bad.parent.mkdir()
     bad.write_bytes("caf\u00e9 au lait\n".encode("latin-1") * 50)
-    text = _problems(parse_spec(tiny_spec_dict(data={"corpus": "files", "paths": [str(bad)], "cache_dir": str(tmp_path),
-                                                     "max_files": None})).data)
+    text = _problems(
+        parse_spec(
+            tiny_spec_dict(data={"corpus": "files", "paths": [str(bad)], "cache_dir": str(tmp_path), "max_files": None})
+        ).data
+    )
     assert str(bad) in text and "not UTF-8 text: byte 3" in text and "iconv" in text
 
 
@@ -235,8 +282,9 @@ def test_spec_rejects_file_settings_on_the_stdlib_corpus():
 def test_hpt_data_prepare_cli(corpus_dir, tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(_spec_dict(corpus_dir, tmp_path / "cache")))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "hptransfer", "data", "prepare", str(spec), *a],
-                                    capture_output=True, text=True)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "hptransfer", "data", "prepare", str(spec), *a], capture_output=True, text=True
+    )
     first, second = run(), run()
     assert first.returncode == 0 and "prepared" in first.stdout and "tokens train/val" in first.stdout, first.stderr
     assert second.returncode == 0 and second.stdout.startswith("reused"), second.stdout + second.stderr
@@ -251,15 +299,25 @@ def test_hpt_run_end_to_end_on_jsonl_with_a_local_tokenizer(corpus_dir, tmp_path
     """The whole pipeline (coord check, sweep, transfer, DeepSpeed large run, report) on local files."""
     d = _spec_dict(corpus_dir, tmp_path / "cache")
     d["name"] = "byo"
-    d["model"] = {"family": "hf", "config": {"model_type": "qwen2", "num_attention_heads": 2, "num_key_value_heads": 1},
-                  "head_dim": 16, "seq_len": 32, "depth": 1, "parametrization": "mup"}
+    d["model"] = {
+        "family": "hf",
+        "config": {"model_type": "qwen2", "num_attention_heads": 2, "num_key_value_heads": 1},
+        "head_dim": 16,
+        "seq_len": 32,
+        "depth": 1,
+        "parametrization": "mup",
+    }
     d["sweep"] = {**d["sweep"], "widths": [32, 64], "grid": {"lr": [0.003, 0.03]}, "steps": 8, "noise_seeds": 0}
     d["target"] = {"width": 128, "steps": 4, "batch_size": 8}
     d["train"] = {**d["train"], "eval_every": 2}
     spec = tmp_path / "byo.yaml"
     spec.write_text(yaml.safe_dump(d))
-    r = subprocess.run([sys.executable, "-m", "hptransfer", "run", str(spec), "-o", str(tmp_path / "study")],
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [sys.executable, "-m", "hptransfer", "run", str(spec), "-o", str(tmp_path / "study")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     final = json.loads((tmp_path / "study" / "train" / "train_metrics.json").read_text())["final"]
     assert final["status"] == "ok" and np.isfinite(final["val_loss"])
@@ -273,7 +331,8 @@ def test_readme_example_spec_validates(corpus_dir, tmp_path):
 
     text = (ROOT / "README.md").read_text().split("## Bring your own model and data", 1)[1]
     d = yaml.safe_load(text.split("```yaml", 1)[1].split("```", 1)[0])
-    d["data"].update(paths=[str(corpus_dir / "data" / "*.jsonl")], tokenizer=str(corpus_dir / "tokenizer"),
-                     cache_dir=str(tmp_path))
+    d["data"].update(
+        paths=[str(corpus_dir / "data" / "*.jsonl")], tokenizer=str(corpus_dir / "tokenizer"), cache_dir=str(tmp_path)
+    )
     spec = parse_spec(d)
     assert spec.model.family == "hf" and spec.model.vocab_size == VOCAB and spec.data.corpus == "files"

@@ -21,33 +21,80 @@ REPO = Path(__file__).resolve().parents[1]
 # Where secrets, databases, environments and outputs end up in a project folder, by category.
 DECOYS = {
     "secret": [
-        ".env", ".env.production", "search_spaces/.env", "deploy.pem", "keys/server.key", "certs/client.p12",
-        ".ray/auth_token", "auth_token", "ray.token", ".netrc", ".pypirc", ".git-credentials", "id_rsa",
-        "id_ed25519.pub", ".ssh/config", ".aws/credentials", ".kube/config", "kubeconfig",
-        ".docker/config.json", "platform/hptransfer/.env", "platform/hptransfer/secret.pem",
+        ".env",
+        ".env.production",
+        "search_spaces/.env",
+        "deploy.pem",
+        "keys/server.key",
+        "certs/client.p12",
+        ".ray/auth_token",
+        "auth_token",
+        "ray.token",
+        ".netrc",
+        ".pypirc",
+        ".git-credentials",
+        "id_rsa",
+        "id_ed25519.pub",
+        ".ssh/config",
+        ".aws/credentials",
+        ".kube/config",
+        "kubeconfig",
+        ".docker/config.json",
+        "platform/hptransfer/.env",
+        "platform/hptransfer/secret.pem",
     ],
     "vcs": [".git/config", ".git/objects/ab/cdef"],
-    "database": ["mlflow.db", "optuna.sqlite3", "cache.sqlite", "mlruns/0/meta.yaml", "mlartifacts/1/a.bin",
-                 "platform/hptransfer/mlflow.db"],
-    "environment": [".venv/bin/python", ".venv/lib/python3.11/site-packages/torch/__init__.py",
-                    "venv/lib/x.py", ".tox/py311/x", ".nox/x"],
-    "cache": [".cache/huggingface/x", "__pycache__/a.cpython-311.pyc", "platform/hptransfer/__pycache__/spec.pyc",
-              "stray.pyc", ".pytest_cache/v/x", ".ruff_cache/x", ".mypy_cache/x", ".hypothesis/x",
-              "hptransfer.egg-info/PKG-INFO", "build/lib/x.py", "dist/x.whl"],
-    "study": ["studies/quickstart/mlflow.db", "studies/quickstart/sweep_results.csv",
-              "studies/quickstart/train/checkpoint/model.pt", "runs/x/ckpt.pt", "ray_results/exp/result.json",
-              "search_spaces/studies/old/spec.yaml"],
+    "database": [
+        "mlflow.db",
+        "optuna.sqlite3",
+        "cache.sqlite",
+        "mlruns/0/meta.yaml",
+        "mlartifacts/1/a.bin",
+        "platform/hptransfer/mlflow.db",
+    ],
+    "environment": [
+        ".venv/bin/python",
+        ".venv/lib/python3.11/site-packages/torch/__init__.py",
+        "venv/lib/x.py",
+        ".tox/py311/x",
+        ".nox/x",
+    ],
+    "cache": [
+        ".cache/huggingface/x",
+        "__pycache__/a.cpython-311.pyc",
+        "platform/hptransfer/__pycache__/spec.pyc",
+        "stray.pyc",
+        ".pytest_cache/v/x",
+        ".ruff_cache/x",
+        ".mypy_cache/x",
+        ".hypothesis/x",
+        "hptransfer.egg-info/PKG-INFO",
+        "build/lib/x.py",
+        "dist/x.whl",
+    ],
+    "study": [
+        "studies/quickstart/mlflow.db",
+        "studies/quickstart/sweep_results.csv",
+        "studies/quickstart/train/checkpoint/model.pt",
+        "runs/x/ckpt.pt",
+        "ray_results/exp/result.json",
+        "search_spaces/studies/old/spec.yaml",
+    ],
 }
 # What a job needs: the spec, the project metadata, the package source, the launchers.
-NEEDED = ["pyproject.toml", "search_spaces/quickstart.yaml", "launchers/ray_cluster.py",
-          "platform/hptransfer/spec.py", "platform/hptransfer/deploy/render.py"]
+NEEDED = [
+    "pyproject.toml",
+    "search_spaces/quickstart.yaml",
+    "launchers/ray_cluster.py",
+    "platform/hptransfer/spec.py",
+    "platform/hptransfer/deploy/render.py",
+]
 
 
 def _project(root: Path, *, rayignore: bool = True, gitignore: bool = True) -> Path:
     """A copy of this project (package, specs, launchers, ignore files) with every decoy planted."""
     root.mkdir()
-    for name in ("pyproject.toml", "README.md") + ((".rayignore",) if rayignore else ()) + (
-            (".gitignore",) if gitignore else ()):
+    for name in ("pyproject.toml", "README.md") + ((".rayignore",) if rayignore else ()) + ((".gitignore",) if gitignore else ()):
         shutil.copy(REPO / name, root / name)
     for folder in ("search_spaces", "launchers", "platform/hptransfer"):
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -123,16 +170,22 @@ def test_rayignore_holds_the_same_patterns_as_the_runtime_env() -> None:
     lines = [ln.strip() for ln in (REPO / ".rayignore").read_text().splitlines()]
     patterns = [ln for ln in lines if ln and not ln.startswith("#")]
     assert patterns == ray_jobs.DEFAULT_EXCLUDES, (
-        "regenerate .rayignore from ray_jobs.DEFAULT_EXCLUDES (same patterns, same order)")
-    assert ray_jobs.runtime_env(REPO)["excludes"][:len(patterns)] == patterns
+        "regenerate .rayignore from ray_jobs.DEFAULT_EXCLUDES (same patterns, same order)"
+    )
+    assert ray_jobs.runtime_env(REPO)["excludes"][: len(patterns)] == patterns
 
 
 @pytest.mark.parametrize("category", sorted(DECOYS))
 def test_each_category_is_named_in_the_exclude_list(category: str) -> None:
     """One representative pattern per category, so a pruned list fails by name."""
-    needed = {"secret": {".env", "*.pem", "*.key", ".ray/", "auth_token"}, "vcs": {".git/"},
-              "database": {"*.db", "mlruns/"}, "environment": {".venv/", "venv/"},
-              "cache": {"__pycache__/", ".cache/"}, "study": {"studies/", "runs/"}}[category]
+    needed = {
+        "secret": {".env", "*.pem", "*.key", ".ray/", "auth_token"},
+        "vcs": {".git/"},
+        "database": {"*.db", "mlruns/"},
+        "environment": {".venv/", "venv/"},
+        "cache": {"__pycache__/", ".cache/"},
+        "study": {"studies/", "runs/"},
+    }[category]
     assert needed <= set(ray_jobs.DEFAULT_EXCLUDES), needed - set(ray_jobs.DEFAULT_EXCLUDES)
 
 
@@ -141,9 +194,19 @@ def test_launcher_lists_the_upload_without_submitting(tmp_path: Path) -> None:
     import sys
 
     project = _project(tmp_path / "p")
-    r = subprocess.run([sys.executable, str(REPO / "launchers" / "ray_cluster.py"),
-                        str(project / "search_spaces" / "quickstart.yaml"), "--working-dir", str(project),
-                        "--list-upload"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "launchers" / "ray_cluster.py"),
+            str(project / "search_spaces" / "quickstart.yaml"),
+            "--working-dir",
+            str(project),
+            "--list-upload",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     listed = set(r.stdout.split())
     assert "search_spaces/quickstart.yaml" in listed and "hptransfer/spec.py" in listed

@@ -42,10 +42,26 @@ def private_jsonl(tmp_path_factory) -> Path:
     import random
 
     rng = random.Random(0)
-    words = ["patient", "visited", "clinic", "reported", "mild", "pain", "dose", "was", "adjusted", "follow", "up", "in", "two", "weeks"]
+    words = [
+        "patient",
+        "visited",
+        "clinic",
+        "reported",
+        "mild",
+        "pain",
+        "dose",
+        "was",
+        "adjusted",
+        "follow",
+        "up",
+        "in",
+        "two",
+        "weeks",
+    ]
     path = tmp_path_factory.mktemp("private") / "records.jsonl"
-    path.write_text("".join(json.dumps({"text": f"record {i}: " + " ".join(rng.choice(words) for _ in range(12))}) + "\n"
-                            for i in range(400)))
+    path.write_text(
+        "".join(json.dumps({"text": f"record {i}: " + " ".join(rng.choice(words) for _ in range(12))}) + "\n" for i in range(400))
+    )
     return path
 
 
@@ -66,16 +82,35 @@ def handed_off(tmp_path_factory) -> Path:
 
 
 def _spec(corpus: Path, init_from: Path | None, **dp):
-    return parse_spec(tiny_spec_dict(
-        name="dp-lm", model=MODEL,
-        data={"corpus": "files", "paths": [str(corpus)], "cache_dir": str(corpus.parent / "cache"), "eval_batches": 2},
-        sweep={"widths": [16, 32], "grid": {"lr": [0.003, 0.01, 0.03]}, "steps": 12, "batch_size": 8,
-               "fixed": {"warmup_steps": 2}},
-        target={"width": 32}, transfer={"rule": "dp"},
-        train={"workers": 2, "checkpoint_every": 4, "eval_every": 12, "max_failures": 2},
-        dp={"epsilon": EPSILON, "delta": DELTA, "dataset_size": N, "epochs": EPOCHS, "batch_sizes": [B],
-            "min_steps": 8, "accountant": "rdp", "clip_reference": 1.0,
-            "init_from": str(init_from) if init_from else None, **dp}))
+    return parse_spec(
+        tiny_spec_dict(
+            name="dp-lm",
+            model=MODEL,
+            data={"corpus": "files", "paths": [str(corpus)], "cache_dir": str(corpus.parent / "cache"), "eval_batches": 2},
+            sweep={
+                "widths": [16, 32],
+                "grid": {"lr": [0.003, 0.01, 0.03]},
+                "steps": 12,
+                "batch_size": 8,
+                "fixed": {"warmup_steps": 2},
+            },
+            target={"width": 32},
+            transfer={"rule": "dp"},
+            train={"workers": 2, "checkpoint_every": 4, "eval_every": 12, "max_failures": 2},
+            dp={
+                "epsilon": EPSILON,
+                "delta": DELTA,
+                "dataset_size": N,
+                "epochs": EPOCHS,
+                "batch_sizes": [B],
+                "min_steps": 8,
+                "accountant": "rdp",
+                "clip_reference": 1.0,
+                "init_from": str(init_from) if init_from else None,
+                **dp,
+            },
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +129,7 @@ def _edit(plan: TransferPlan, target: dict | None = None, config: dict | None = 
 
 # --- no Ray: the plan, the data, per-example gradients, bad input ---------------------------------
 
+
 def test_the_plan_fixes_n_b_t_sigma_and_c(plan):
     assert (plan.target.batch_size, plan.target.steps) == (B, T)
     run = check_private_plan(plan, available=10**6)
@@ -109,7 +145,7 @@ def test_private_examples_are_non_overlapping_sequences_of_the_jsonl_corpus(plan
     train = torch.from_numpy(open_corpus(plan.data).train.astype("int64"))  # the prepared training tokens
     assert sequence_count(plan.data, 16) == len(train) // 17 >= N
     seqs = private_sequences(plan.data, 16, N)
-    assert seqs.shape == (N, 17) and torch.equal(seqs.flatten(), train[:N * 17])
+    assert seqs.shape == (N, 17) and torch.equal(seqs.flatten(), train[: N * 17])
     with pytest.raises(ValueError, match="fewer than N"):
         private_sequences(plan.data, 16, len(train))
 
@@ -144,8 +180,9 @@ def test_opacus_per_example_gradients_of_the_mup_lm_are_exact():
 
     register_mu_readout()
     spec = ModelSpec(family="mlp", depth=1, seq_len=16, parametrization="mup")
-    build = lambda: training_setup(spec, 32, base_width=16, hps=Hyperparameters(lr=1e-2, output_mult=2.0),
-                                   total_steps=4, seed=0).model
+    build = lambda: (
+        training_setup(spec, 32, base_width=16, hps=Hyperparameters(lr=1e-2, output_mult=2.0), total_steps=4, seed=0).model
+    )
     model, ref = build(), build()
     with torch.no_grad():
         model.lm_head.weight.normal_(0, 0.1)  # a zero readout would hide every other gradient
@@ -155,21 +192,24 @@ def test_opacus_per_example_gradients_of_the_mup_lm_are_exact():
     torch.nn.functional.cross_entropy(logits.reshape(-1, 256), y.reshape(-1)).backward()
     for i in range(3):
         ref.zero_grad()
-        torch.nn.functional.cross_entropy(lm_logits(ref, x[i:i + 1]).reshape(-1, 256), y[i]).backward()
+        torch.nn.functional.cross_entropy(lm_logits(ref, x[i : i + 1]).reshape(-1, 256), y[i]).backward()
         for (name, p), (_, r) in zip(model.named_parameters(), ref.named_parameters()):
             torch.testing.assert_close(p.grad_sample[i], r.grad, rtol=1e-4, atol=1e-7, msg=name)
 
 
-@pytest.mark.parametrize("edit, where, text", [
-    ({"config": {"epsilon": 0}}, "dp.config.epsilon", "greater than 0"),
-    ({"config": {"delta": 1 / N}}, "dp.config.delta", "must be < 1/dataset_size"),
-    ({"target": {"batch_size": N + 1}}, "target.batch_size", "exceeds N=256"),
-    ({"config": {"min_steps": T + 1}}, "target.steps", "too small for the epoch budget"),
-    ({"config": {"dataset_size": 10**9, "delta": 1e-12}}, "dp.config.dataset_size", "exceeds the"),
-    ({"target": {"steps": 4 * T}}, "", "spends ε="),
-    ({"noise_multiplier": 0.0}, "dp.noise_multiplier", "> 0"),
-    ({"config": {"init_from": "/nonexistent/hf_model"}}, "dp.config.init_from", "is not a folder"),
-])
+@pytest.mark.parametrize(
+    "edit, where, text",
+    [
+        ({"config": {"epsilon": 0}}, "dp.config.epsilon", "greater than 0"),
+        ({"config": {"delta": 1 / N}}, "dp.config.delta", "must be < 1/dataset_size"),
+        ({"target": {"batch_size": N + 1}}, "target.batch_size", "exceeds N=256"),
+        ({"config": {"min_steps": T + 1}}, "target.steps", "too small for the epoch budget"),
+        ({"config": {"dataset_size": 10**9, "delta": 1e-12}}, "dp.config.dataset_size", "exceeds the"),
+        ({"target": {"steps": 4 * T}}, "", "spends ε="),
+        ({"noise_multiplier": 0.0}, "dp.noise_multiplier", "> 0"),
+        ({"config": {"init_from": "/nonexistent/hf_model"}}, "dp.config.init_from", "is not a folder"),
+    ],
+)
 def test_bad_dp_plans_are_refused_before_training(plan, edit, where, text):
     from hptransfer.dp.lm import sequence_count
 
@@ -193,6 +233,7 @@ def test_hpt_train_on_a_bad_dp_plan_exits_2_naming_the_field(plan, tmp_path):
 
 
 # --- real Ray Train + Opacus ------------------------------------------------------------------------
+
 
 def _train(plan: TransferPlan, root: Path, tracking_uri: str, **kw) -> dict:
     """The large run into root/train, as `hpt train PLAN` makes it, with a fixed DP seed so two runs
@@ -250,8 +291,7 @@ def test_private_run_spends_at_most_epsilon_and_logs_it_per_epoch(uninterrupted,
     from hptransfer.models.handoff import load_handoff
 
     val = open_corpus(plan.data).val_batches(plan.data.eval_batches, min(B, 16), 16)
-    assert final["initial_val_loss"] == pytest.approx(evaluate(load_handoff(plan.dp["config"]["init_from"]), val),
-                                                      rel=1e-5)
+    assert final["initial_val_loss"] == pytest.approx(evaluate(load_handoff(plan.dp["config"]["init_from"]), val), rel=1e-5)
     assert final["val_loss"] < final["initial_val_loss"] - 0.1
     assert (out / "hf_model" / "config.json").exists()
 

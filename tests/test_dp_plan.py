@@ -13,14 +13,16 @@ from pydantic import ValidationError
 
 from hptransfer.dp import rule
 from hptransfer.dp.accounting import NoiseRow, epsilon_spent, noise_multiplier, steps_for
-from hptransfer.privacy import DPConfig
 from hptransfer.dp.plan import DPPlanError, dp_plan_for
+from hptransfer.privacy import DPConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
 # docs/RESEARCH.md, paper 1: σ√T for N=50,000, E=8, δ=1e-5, RDP, epsilon_tolerance=0.001.
-REFERENCE = {0.5: {256: 69.2, 1024: 64.9, 4096: 63.8, 16384: 64.3, 50000: 61.4},
-             8.0: {256: 21.8, 1024: 13.3, 4096: 8.9, 16384: 6.8, 50000: 5.1}}
+REFERENCE = {
+    0.5: {256: 69.2, 1024: 64.9, 4096: 63.8, 16384: 64.3, 50000: 61.4},
+    8.0: {256: 21.8, 1024: 13.3, 4096: 8.9, 16384: 6.8, 50000: 5.1},
+}
 
 
 @pytest.mark.parametrize("eps", sorted(REFERENCE))
@@ -33,8 +35,18 @@ def test_sigma_sqrt_t_matches_the_reference_table(eps):
 
 
 def _rows(values: dict[int, float | None], infeasible=()) -> list[NoiseRow]:
-    return [NoiseRow(batch_size=b, sample_rate=b / 1000, steps=1, sigma=v, sigma_sqrt_t=v, sigma_over_b=None,
-                     feasible=v is not None and b not in infeasible) for b, v in values.items()]
+    return [
+        NoiseRow(
+            batch_size=b,
+            sample_rate=b / 1000,
+            steps=1,
+            sigma=v,
+            sigma_sqrt_t=v,
+            sigma_over_b=None,
+            feasible=v is not None and b not in infeasible,
+        )
+        for b, v in values.items()
+    ]
 
 
 def test_choose_batch_size_takes_the_smallest_b_on_the_plateau():
@@ -55,7 +67,7 @@ def test_clip_grid_moves_up_as_epsilon_falls_and_lr_scales_with_sqrt_b():
     assert loose == [1.0, 2.0, 4.0]  # no shift at ε ≥ ε_ref
     assert rule.clip_grid(16.0, 2.0, factors) == loose
     assert tight == pytest.approx([1.0, 2.0, 4.0, 8.0, 16.0])  # extended up to ×(8/0.5)^0.5 = ×4
-    assert rule.clip_grid(1.0, 2.0, factors) == pytest.approx([1.0, 2.0, 4.0, 2 * 8 ** 0.5, 4 * 8 ** 0.5])  # only points above
+    assert rule.clip_grid(1.0, 2.0, factors) == pytest.approx([1.0, 2.0, 4.0, 2 * 8**0.5, 4 * 8**0.5])  # only points above
     assert rule.clip_grid(0.5, 2.0, factors, exponent=0.0) == loose
     assert rule.lr_scale(256, 256) == 1.0 and rule.lr_scale(256, 1024) == pytest.approx(2.0)
 
@@ -77,11 +89,9 @@ def test_plan_follows_the_papers_directions_and_stays_within_budget():
 
 def test_infeasible_plans_say_why():
     with pytest.raises(DPPlanError, match="min_steps=500"):
-        dp_plan_for(DPConfig(epsilon=1, dataset_size=1000, epochs=1, min_steps=500, batch_sizes=[100, 1000],
-                             accountant="rdp"))
+        dp_plan_for(DPConfig(epsilon=1, dataset_size=1000, epochs=1, min_steps=500, batch_sizes=[100, 1000], accountant="rdp"))
     with pytest.raises(DPPlanError, match="no noise multiplier"):
-        dp_plan_for(DPConfig(epsilon=1e-7, dataset_size=1000, epochs=8, batch_sizes=[1000], min_steps=1,
-                             accountant="rdp"))
+        dp_plan_for(DPConfig(epsilon=1e-7, dataset_size=1000, epochs=8, batch_sizes=[1000], min_steps=1, accountant="rdp"))
 
 
 def test_config_reports_every_error_at_once():
@@ -112,6 +122,7 @@ def test_shipped_dp_spec_validates():
 
 # --- `hpt dp-plan` --------------------------------------------------------------------------------
 
+
 def _invoke(*args: str):
     from typer.testing import CliRunner
 
@@ -121,8 +132,19 @@ def _invoke(*args: str):
 
 
 def test_cli_json_plan():
-    r = _invoke("--epsilon", "8", "--dataset-size", "50000", "--epochs", "8", "--accountant", "rdp",
-                "--batch-sizes", "256,1024,4096,16384,50000", "--json")
+    r = _invoke(
+        "--epsilon",
+        "8",
+        "--dataset-size",
+        "50000",
+        "--epochs",
+        "8",
+        "--accountant",
+        "rdp",
+        "--batch-sizes",
+        "256,1024,4096,16384,50000",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     plan = json.loads(r.output)
     assert plan["batch_size"] == 16384 and plan["epsilon_check"] <= 8
@@ -130,18 +152,20 @@ def test_cli_json_plan():
 
 
 def test_cli_table_marks_the_chosen_batch():
-    r = _invoke("--epsilon", "1", "--dataset-size", "672", "--epochs", "8", "--accountant", "rdp",
-                "--batch-sizes", "16,64,256")
+    r = _invoke("--epsilon", "1", "--dataset-size", "672", "--epochs", "8", "--accountant", "rdp", "--batch-sizes", "16,64,256")
     assert r.exit_code == 0, r.output
     assert "chosen" in r.output and "σ√T" in r.output and "clipping grid" in r.output
 
 
-@pytest.mark.parametrize("args, expect", [
-    (["--epsilon", "0"], "--epsilon=0.0"),
-    (["--epsilon", "1", "--delta", "0.01"], "--delta=0.01"),
-    (["--epsilon", "1e-7", "--batch-sizes", "1000", "--min-steps", "1"], "no noise multiplier"),
-    (["--epsilon", "1", "--min-steps", "100000", "--batch-sizes", "100,1000"], "--min-steps=100000"),
-])
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["--epsilon", "0"], "--epsilon=0.0"),
+        (["--epsilon", "1", "--delta", "0.01"], "--delta=0.01"),
+        (["--epsilon", "1e-7", "--batch-sizes", "1000", "--min-steps", "1"], "no noise multiplier"),
+        (["--epsilon", "1", "--min-steps", "100000", "--batch-sizes", "100,1000"], "--min-steps=100000"),
+    ],
+)
 def test_cli_infeasible_requests_exit_2(args, expect):
     r = _invoke("--dataset-size", "1000", "--epochs", "8", "--accountant", "rdp", *args)
     assert r.exit_code == 2, r.output

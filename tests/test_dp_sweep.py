@@ -5,8 +5,9 @@ import mlflow
 import pandas as pd
 import pytest
 
-from conftest import tiny_spec_dict
 from hptransfer.spec import parse_spec
+
+from conftest import tiny_spec_dict
 
 pytestmark = pytest.mark.slow
 
@@ -14,9 +15,22 @@ pytestmark = pytest.mark.slow
 def test_dp_sweep_over_epsilon_batch_and_clip(ray_local, tmp_path):
     from hptransfer.dp.sweep import run_dp_sweep
 
-    spec = parse_spec(tiny_spec_dict(name="dpsweep", dp={
-        "epsilon": 1.0, "epochs": 2, "batch_sizes": [32, 128], "min_steps": 5, "accountant": "rdp",
-        "clip_reference": 5.0, "clip_factors": [0.5, 2.0], "lr": 3e-3, "lr_reference_batch": 32}))
+    spec = parse_spec(
+        tiny_spec_dict(
+            name="dpsweep",
+            dp={
+                "epsilon": 1.0,
+                "epochs": 2,
+                "batch_sizes": [32, 128],
+                "min_steps": 5,
+                "accountant": "rdp",
+                "clip_reference": 5.0,
+                "clip_factors": [0.5, 2.0],
+                "lr": 3e-3,
+                "lr_reference_batch": 32,
+            },
+        )
+    )
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     from hptransfer.study import Study
 

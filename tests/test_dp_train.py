@@ -12,9 +12,9 @@ from torch.func import functional_call, grad, vmap
 from torch.utils.data import TensorDataset
 
 from hptransfer.dp import task as digits
-from hptransfer.privacy import DPConfig
 from hptransfer.dp.plan import dp_plan_for
 from hptransfer.dp.train import PrivacyBudgetExceeded, train_dp
+from hptransfer.privacy import DPConfig
 
 
 @pytest.fixture(autouse=True)
@@ -42,8 +42,19 @@ def test_update_is_the_normalized_clipped_mean():
     norms = torch.sqrt(sum(v.flatten(1).pow(2).sum(1) for v in g.values()))
     clip = float(norms.median())  # some examples clipped, some not
     assert (norms < clip).any() and (norms > clip).any()
-    res = train_dp(model, TensorDataset(x, y), batch_size=12, steps=1, noise_multiplier=0.0, clip=clip, lr=0.1,
-                   target_epsilon=math.inf, delta=1e-5, accountant="rdp", optimizer="sgd")
+    res = train_dp(
+        model,
+        TensorDataset(x, y),
+        batch_size=12,
+        steps=1,
+        noise_multiplier=0.0,
+        clip=clip,
+        lr=0.1,
+        target_epsilon=math.inf,
+        delta=1e-5,
+        accountant="rdp",
+        optimizer="sgd",
+    )
     assert res.batch_sizes == [12]
     scale = torch.minimum(torch.full_like(norms, 1 / clip), 1 / norms)
     for k, p in model.named_parameters():
@@ -55,8 +66,18 @@ def test_poisson_sampling_uses_q_equal_b_over_n():
     n, b, steps = 672, 100, 120  # 1/ceil(N/B) = 1/7 = 0.1429 would be wrong; q = 100/672 = 0.1488
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(n, 4), torch.randint(0, 3, (n,)))
-    res = train_dp(nn.Linear(4, 3), data, batch_size=b, steps=steps, noise_multiplier=1.0, clip=1.0, lr=1e-3,
-                   target_epsilon=100.0, delta=1e-5, accountant="rdp")
+    res = train_dp(
+        nn.Linear(4, 3),
+        data,
+        batch_size=b,
+        steps=steps,
+        noise_multiplier=1.0,
+        clip=1.0,
+        lr=1e-3,
+        target_epsilon=100.0,
+        delta=1e-5,
+        accountant="rdp",
+    )
     assert res.sample_rate == b / n
     assert res.accountant_history == [(1.0, b / n, steps)]  # the accountant saw q = B/N for exactly T steps
     sizes = torch.tensor(res.batch_sizes, dtype=torch.float64)
@@ -69,8 +90,18 @@ def test_poisson_sampling_uses_q_equal_b_over_n():
 def test_refuses_a_noise_level_that_would_overspend():
     data = TensorDataset(torch.randn(100, 4), torch.randint(0, 2, (100,)))
     with pytest.raises(PrivacyBudgetExceeded, match="target 1"):
-        train_dp(nn.Linear(4, 2), data, batch_size=10, steps=50, noise_multiplier=0.3, clip=1.0, lr=1e-3,
-                 target_epsilon=1.0, delta=1e-5, accountant="rdp")
+        train_dp(
+            nn.Linear(4, 2),
+            data,
+            batch_size=10,
+            steps=50,
+            noise_multiplier=0.3,
+            clip=1.0,
+            lr=1e-3,
+            target_epsilon=1.0,
+            delta=1e-5,
+            accountant="rdp",
+        )
 
 
 def test_dp_finetune_on_digits_ends_within_epsilon_and_logs_to_mlflow(tmp_path):
@@ -79,18 +110,29 @@ def test_dp_finetune_on_digits_ends_within_epsilon_and_logs_to_mlflow(tmp_path):
 
     task = digits.load_task()
     body = digits.pretrain(task, epochs=5)
-    cfg = DPConfig(epsilon=2.0, epochs=4, batch_sizes=[32, 64, 128], accountant="prv",
-                   clip_reference=digits.public_grad_norm(body, task)).with_dataset_size(task.private_size)
+    cfg = DPConfig(
+        epsilon=2.0, epochs=4, batch_sizes=[32, 64, 128], accountant="prv", clip_reference=digits.public_grad_norm(body, task)
+    ).with_dataset_size(task.private_size)
     plan = dp_plan_for(cfg)
     model = digits.finetune_model(body)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment("dp-test")
     with mlflow.start_run() as run:
-        res = train_dp(model, task.private_train, batch_size=plan.batch_size, steps=plan.steps,
-                       noise_multiplier=plan.noise_multiplier, clip=plan.clip, lr=3e-3, target_epsilon=cfg.epsilon,
-                       delta=cfg.delta, accountant=cfg.accountant, log_metrics=lambda m, s: mlflow.log_metrics(m, step=s),
-                       eval_fn=digits.test_accuracy_fn(task))
+        res = train_dp(
+            model,
+            task.private_train,
+            batch_size=plan.batch_size,
+            steps=plan.steps,
+            noise_multiplier=plan.noise_multiplier,
+            clip=plan.clip,
+            lr=3e-3,
+            target_epsilon=cfg.epsilon,
+            delta=cfg.delta,
+            accountant=cfg.accountant,
+            log_metrics=lambda m, s: mlflow.log_metrics(m, step=s),
+            eval_fn=digits.test_accuracy_fn(task),
+        )
     assert res.epsilon <= cfg.epsilon
     assert res.steps == plan.steps and res.accountant_history[0][1] == plan.batch_size / task.private_size
     hist = MlflowClient(uri).get_metric_history(run.info.run_id, "dp/epsilon")
@@ -112,8 +154,17 @@ def test_distributed_dp_run_on_two_ray_train_workers(ray_local, tmp_path):
     n, b, eps = task.private_size, 64, 2.0
     t = steps_for(n, 3, b)
     sigma = noise_multiplier(eps, 1e-5, b / n, t, "rdp")
-    cfg = DistributedDPConfig(batch_size=b, steps=t, noise_multiplier=sigma, clip=5.0, lr=3e-3, target_epsilon=eps,
-                              delta=1e-5, accountant="rdp", workers=2)
+    cfg = DistributedDPConfig(
+        batch_size=b,
+        steps=t,
+        noise_multiplier=sigma,
+        clip=5.0,
+        lr=3e-3,
+        target_epsilon=eps,
+        delta=1e-5,
+        accountant="rdp",
+        workers=2,
+    )
     out = train_dp_distributed(body, 64, cfg, str(tmp_path))
     assert out["world_size"] == 2 and out["steps"] == t
     assert out["dp/epsilon"] <= eps

@@ -28,16 +28,31 @@ ARCHS = {  # model.config per architecture; the two shipped ones as in search_sp
 }
 GROUP = {"qwen2-gqa": 2, "gpt2": 1, "mistral": 2, "gpt_neox": 1}
 # Modules the coordinate check must see per architecture (not just the embedding and the head).
-HIDDEN = {"qwen2-gqa": ("q_proj", "k_proj", "down_proj"), "gpt2": ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"),
-          "mistral": ("q_proj", "k_proj", "down_proj"), "gpt_neox": ("query_key_value", "dense_4h_to_h")}
+HIDDEN = {
+    "qwen2-gqa": ("q_proj", "k_proj", "down_proj"),
+    "gpt2": ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"),
+    "mistral": ("q_proj", "k_proj", "down_proj"),
+    "gpt_neox": ("query_key_value", "dense_4h_to_h"),
+}
 SHIPPED = {"qwen2-gqa": "qwen2-gqa.yaml", "gpt2": "gpt2.yaml"}
 
 
 def _spec(arch: str, par: str = "mup", widths=(32, 64), **model):
-    return parse_spec(tiny_spec_dict(
-        model={"family": "hf", "config": ARCHS[arch], "parametrization": par, "head_dim": 16, "seq_len": 32,
-               "depth": 2, **model},
-        sweep={"widths": list(widths), "steps": 8, "batch_size": 8}, target={"width": max(128, widths[-1])}))
+    return parse_spec(
+        tiny_spec_dict(
+            model={
+                "family": "hf",
+                "config": ARCHS[arch],
+                "parametrization": par,
+                "head_dim": 16,
+                "seq_len": 32,
+                "depth": 2,
+                **model,
+            },
+            sweep={"widths": list(widths), "steps": 8, "batch_size": 8},
+            target={"width": max(128, widths[-1])},
+        )
+    )
 
 
 @pytest.fixture
@@ -80,7 +95,7 @@ def test_mup_readout_and_base_shapes(arch):
     assert head.width_mult() == 4.0
     assert all(hasattr(p, "infshape") for p in model.parameters())
     if not tied:
-        assert float(head.weight.abs().max()) == 0.0  # µP's zero-initialised readout
+        assert float(head.weight.detach().abs().max()) == 0.0  # µP's zero-initialised readout
     sp = build_model(_spec(arch, "sp").model, 128, base_width=32)
     assert type(sp.get_output_embeddings()) is ScaledReadout
     assert (sp.get_output_embeddings().weight is sp.get_input_embeddings().weight) is tied
@@ -141,10 +156,10 @@ def test_attention_scale_one_over_d_with_a_fixed_head_count():
     """n_heads fixed: the head size grows with width; 1/d is √d_base/d (= 1/√d at the base width)."""
     spec = _spec("qwen2-gqa", n_heads=2, attn_scale="1/d").model
     scaling = lambda w: build_model(spec, w, base_width=32).model.layers[0].self_attn.scaling
-    assert scaling(32) == pytest.approx(16 ** -0.5)  # d = 32 / 2 = 16 at the base width
+    assert scaling(32) == pytest.approx(16**-0.5)  # d = 32 / 2 = 16 at the base width
     assert scaling(128) == pytest.approx(math.sqrt(16) / 64)
     standard = _spec("qwen2-gqa", n_heads=2).model
-    assert build_model(standard, 128, base_width=32).model.layers[0].self_attn.scaling == pytest.approx(64 ** -0.5)
+    assert build_model(standard, 128, base_width=32).model.layers[0].self_attn.scaling == pytest.approx(64**-0.5)
 
 
 def test_gpt2_handoff_loads_with_plain_transformers(tmp_path):
@@ -173,8 +188,11 @@ def test_config_from_a_local_config_json(tmp_path):
     from transformers import AutoConfig
 
     AutoConfig.for_model("qwen2", num_attention_heads=8, num_key_value_heads=2).save_pretrained(tmp_path)
-    spec = parse_spec(tiny_spec_dict(model={"family": "hf", "config": str(tmp_path), "head_dim": 16},
-                                     sweep={"widths": [64, 128]}, target={"width": 256}))
+    spec = parse_spec(
+        tiny_spec_dict(
+            model={"family": "hf", "config": str(tmp_path), "head_dim": 16}, sweep={"widths": [64, 128]}, target={"width": 256}
+        )
+    )
     assert spec.model.config["model_type"] == "qwen2"  # read at load, inline in the plan from here on
     cfg = hf_config(spec.model, 128)
     assert (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.num_hidden_layers) == (8, 2, 2)
@@ -188,11 +206,16 @@ BROKEN = {
     "no model_type": ({"family": "hf", "config": {"hidden_size": 4}}, {}, "needs `model_type`"),
     "missing config.json": ({"family": "hf", "config": "/nonexistent/config.json"}, {}, "not found"),
     "config on llama": ({"family": "llama", "config": {"model_type": "qwen2"}}, {}, "apply to family hf only"),
-    "GQA group vs widths": ({"family": "hf", "head_dim": 16, "config": {"model_type": "mistral", "num_attention_heads": 8,
-                                                                        "num_key_value_heads": 2}},
-                            {"widths": [32, 64]}, "not multiples of model.head_dim=16 × 4 = 64"),
-    "GQA group vs n_heads": ({"family": "hf", "n_heads": 3, "config": ARCHS["qwen2-gqa"]}, {"widths": [48, 96]},
-                             "not a multiple of the config's GQA group size 2"),
+    "GQA group vs widths": (
+        {"family": "hf", "head_dim": 16, "config": {"model_type": "mistral", "num_attention_heads": 8, "num_key_value_heads": 2}},
+        {"widths": [32, 64]},
+        "not multiples of model.head_dim=16 × 4 = 64",
+    ),
+    "GQA group vs n_heads": (
+        {"family": "hf", "n_heads": 3, "config": ARCHS["qwen2-gqa"]},
+        {"widths": [48, 96]},
+        "not a multiple of the config's GQA group size 2",
+    ),
 }
 
 

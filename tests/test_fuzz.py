@@ -31,12 +31,17 @@ from hptransfer.transfer.schedule import warmup_multiplier
 
 from conftest import tiny_spec_dict
 
-FUZZ = {"deadline": None, "derandomize": True, "database": None,
-        "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]}
+FUZZ = {
+    "deadline": None,
+    "derandomize": True,
+    "database": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+}
 RULES = [r for r in RULE_NAMES if r != "dp"]
 
 
 # --- helpers ---------------------------------------------------------------------------------------
+
 
 def floats_in(obj, path="") -> typing.Iterator[tuple[str, float]]:
     """Every float in a nested dict/list (a model_dump), with its path."""
@@ -110,8 +115,7 @@ def apply(d: dict, op: tuple) -> dict:
             if not isinstance(node.get(part), (dict, list)):
                 node[part] = {}
             node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and part < len(node) \
-                and isinstance(node[part], (dict, list)):
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node) and isinstance(node[part], (dict, list)):
             node = node[part]
         else:
             return d  # the path no longer exists (an earlier mutation replaced it)
@@ -137,13 +141,68 @@ def apply(d: dict, op: tuple) -> dict:
 
 # --- value strategies --------------------------------------------------------------------------------
 
-ODD_STRINGS = ["", " ", "..", ".", "/", "a/b", "../../etc", "[/red]", "[bold red]x[/]", "ünïcødé-名前", "x" * 5000,
-               "\x00", "\n", "nan", "NaN", "inf", "-inf", "1e3", "-1", "0", "true", "null", "mup", "dp", "llama",
-               "lr", "ok", "OK ", "diverged", "${HOME}", "'; drop table", "{a: 1}"]
-SPECIAL_NUMBERS = [math.nan, math.inf, -math.inf, 0, 0.0, -0.0, -1, -1.0, 1, 1e-300, 5e-324, 1e308, -1e308,
-                   2**31, 2**63, 2**64 + 1, 10**30, -(10**30), 1e30, 0.5, 0.999999, 1.0, 2]
+ODD_STRINGS = [
+    "",
+    " ",
+    "..",
+    ".",
+    "/",
+    "a/b",
+    "../../etc",
+    "[/red]",
+    "[bold red]x[/]",
+    "ünïcødé-名前",
+    "x" * 5000,
+    "\x00",
+    "\n",
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "1e3",
+    "-1",
+    "0",
+    "true",
+    "null",
+    "mup",
+    "dp",
+    "llama",
+    "lr",
+    "ok",
+    "OK ",
+    "diverged",
+    "${HOME}",
+    "'; drop table",
+    "{a: 1}",
+]
+SPECIAL_NUMBERS = [
+    math.nan,
+    math.inf,
+    -math.inf,
+    0,
+    0.0,
+    -0.0,
+    -1,
+    -1.0,
+    1,
+    1e-300,
+    5e-324,
+    1e308,
+    -1e308,
+    2**31,
+    2**63,
+    2**64 + 1,
+    10**30,
+    -(10**30),
+    1e30,
+    0.5,
+    0.999999,
+    1.0,
+    2,
+]
 scalars = st.one_of(
-    st.none(), st.booleans(),
+    st.none(),
+    st.booleans(),
     st.sampled_from(SPECIAL_NUMBERS),
     st.integers(-(10**6), 10**6),
     st.floats(allow_nan=True, allow_infinity=True),
@@ -152,30 +211,46 @@ scalars = st.one_of(
 )
 non_finite = st.sampled_from([math.nan, math.inf, -math.inf])
 values = st.one_of(
-    scalars, scalars, scalars, non_finite,
+    scalars,
+    scalars,
+    scalars,
+    non_finite,
     st.lists(scalars, max_size=4),
     st.lists(scalars, min_size=1, max_size=3).map(lambda v: v + v[:1]),  # duplicates
-    st.just([]), st.just({}),
+    st.just([]),
+    st.just({}),
     st.dictionaries(st.one_of(st.sampled_from(sorted(TUNABLE)), st.text(max_size=6)), scalars, max_size=3),
 )
-unknown_keys = st.one_of(st.sampled_from(["wdith", "hyperparamters", "lr", "rule", "", "..", "[/red]", "名前"]),
-                         st.text(max_size=8), st.integers(-3, 3))
+unknown_keys = st.one_of(
+    st.sampled_from(["wdith", "hyperparamters", "lr", "rule", "", "..", "[/red]", "名前"]),
+    st.text(max_size=8),
+    st.integers(-3, 3),
+)
 
 
 # --- specs ---------------------------------------------------------------------------------------------
 
 DP_BLOCK = {"epsilon": 8.0, "epochs": 1.0, "dataset_size": 1000}
-SPEC_PATHS = sorted(set(field_paths(StudySpec)) | set(leaf_paths(tiny_spec_dict()))
-                    | {("sweep", "grid", hp) for hp in TUNABLE} | {("sweep", "fixed", hp) for hp in TUNABLE}
-                    | {("sweep", "grid", "lr", i) for i in range(3)} | {("sweep", "widths", i) for i in range(2)},
-                    key=repr)
-SPEC_CONTAINERS = [()] + [p for p in SPEC_PATHS if isinstance(tiny_spec_dict().get(p[0]), dict) and len(p) == 1] \
+SPEC_PATHS = sorted(
+    set(field_paths(StudySpec))
+    | set(leaf_paths(tiny_spec_dict()))
+    | {("sweep", "grid", hp) for hp in TUNABLE}
+    | {("sweep", "fixed", hp) for hp in TUNABLE}
+    | {("sweep", "grid", "lr", i) for i in range(3)}
+    | {("sweep", "widths", i) for i in range(2)},
+    key=repr,
+)
+SPEC_CONTAINERS = (
+    [()]
+    + [p for p in SPEC_PATHS if isinstance(tiny_spec_dict().get(p[0]), dict) and len(p) == 1]
     + [("sweep", "grid"), ("sweep", "fixed"), ("dp",)]
+)
 
 
 # Plausible values too, so that many mutated specs still validate and their values are checked.
-plausible = st.one_of(st.integers(1, 512), st.floats(1e-4, 10.0), st.sampled_from(["mlp", "llama", "sp", "mup", "fifo",
-                                                                                  "asha", "tiny-2", "a.b_c"]))
+plausible = st.one_of(
+    st.integers(1, 512), st.floats(1e-4, 10.0), st.sampled_from(["mlp", "llama", "sp", "mup", "fifo", "asha", "tiny-2", "a.b_c"])
+)
 
 
 @st.composite
@@ -231,8 +306,28 @@ def test_fuzz_spec_of_any_shape(data):
     check_spec(data)
 
 
-EXTREMES = [math.nan, math.inf, -math.inf, 0, -1, 0.5, 2**63, 10**30, 1e300, -1e300, "", "..", "[/red]", "x" * 5000,
-            None, True, [], {}, [1, 1], [0, -4]]
+EXTREMES = [
+    math.nan,
+    math.inf,
+    -math.inf,
+    0,
+    -1,
+    0.5,
+    2**63,
+    10**30,
+    1e300,
+    -1e300,
+    "",
+    "..",
+    "[/red]",
+    "x" * 5000,
+    None,
+    True,
+    [],
+    {},
+    [1, 1],
+    [0, -4],
+]
 
 
 def test_every_spec_field_with_every_extreme_value():
@@ -279,8 +374,13 @@ def test_fuzz_hpt_validate_exits_0_or_2(fuzz_dir, data):
 
 # --- results tables --------------------------------------------------------------------------------------
 
-WEIRD_CELLS = st.one_of(st.sampled_from(SPECIAL_NUMBERS), st.sampled_from(ODD_STRINGS), st.none(),
-                        st.booleans(), st.floats(allow_nan=True, allow_infinity=True))
+WEIRD_CELLS = st.one_of(
+    st.sampled_from(SPECIAL_NUMBERS),
+    st.sampled_from(ODD_STRINGS),
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
 COLUMNS = ["width", "lr", "seed", "val_loss", "status", "weight_decay", "spec_hash", "trial_id"]
 
 
@@ -292,7 +392,7 @@ def base_tables(draw) -> pd.DataFrame:
     seeds = draw(st.sampled_from([[0], [0, 1]]))
     rows = []
     for w, lr, s, wd in itertools.product(widths, lrs, seeds, wds or [None]):
-        loss = 3 + 0.1 * math.log(lr / 0.02) ** 2 + w ** -0.5 + 0.001 * s
+        loss = 3 + 0.1 * math.log(lr / 0.02) ** 2 + w**-0.5 + 0.001 * s
         row = {"width": w, "lr": lr, "seed": s, "val_loss": loss, "status": "ok"}
         if wd is not None:
             row["weight_decay"] = wd
@@ -305,11 +405,18 @@ def table_ops(draw, columns: list) -> tuple:
     kind = draw(st.sampled_from(["cell", "cell", "cell", "column", "drop", "extra", "rows", "dup", "status"]))
     col = draw(st.sampled_from(columns + COLUMNS))
     if kind in ("cell", "column", "extra"):
-        return (kind, col if kind != "extra" else draw(st.one_of(st.sampled_from(ODD_STRINGS[:12]), st.text(max_size=5))),
-                draw(st.integers(0, 200)), draw(WEIRD_CELLS))
+        return (
+            kind,
+            col if kind != "extra" else draw(st.one_of(st.sampled_from(ODD_STRINGS[:12]), st.text(max_size=5))),
+            draw(st.integers(0, 200)),
+            draw(WEIRD_CELLS),
+        )
     if kind == "status":
-        return (kind, draw(st.integers(0, 200)), draw(st.sampled_from(["ok", "diverged", "failed", "stopped", "OK ",
-                                                                         "maybe", "", "nan"])))
+        return (
+            kind,
+            draw(st.integers(0, 200)),
+            draw(st.sampled_from(["ok", "diverged", "failed", "stopped", "OK ", "maybe", "", "nan"])),
+        )
     return (kind, col, draw(st.integers(0, 200)))
 
 
@@ -367,19 +474,30 @@ def check_plan(plan: TransferPlan) -> None:
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @settings(max_examples=80, **FUZZ)
-@given(df=mutated_tables(), rule=st.sampled_from(RULES),
-       target_width=st.sampled_from([0, -8, 16, 64, 128, 1024, 4096, 10**6, 10**12, 10**30, 10**200]),
-       base_width=st.sampled_from([None, None, 1, 16, 32, 10**9]),
-       family=st.sampled_from(["mlp", "llama"]),
-       steps=st.sampled_from([(100, None), (100, 10_000), (1, 10**7), (50, 10**9)]),
-       batch=st.sampled_from([(16, None), (16, 512), (1, 10**6)]))
+@given(
+    df=mutated_tables(),
+    rule=st.sampled_from(RULES),
+    target_width=st.sampled_from([0, -8, 16, 64, 128, 1024, 4096, 10**6, 10**12, 10**30, 10**200]),
+    base_width=st.sampled_from([None, None, 1, 16, 32, 10**9]),
+    family=st.sampled_from(["mlp", "llama"]),
+    steps=st.sampled_from([(100, None), (100, 10_000), (1, 10**7), (50, 10**9)]),
+    batch=st.sampled_from([(16, None), (16, 512), (1, 10**6)]),
+)
 def test_fuzz_results_tables_make_a_finite_plan_or_refuse(df, rule, target_width, base_width, family, steps, batch):
     from hptransfer.transfer.engine import make_plan, standalone_spec
 
     try:
-        spec = standalone_spec(df, rule=rule, target_width=target_width, base_width=base_width,
-                               proxy_steps=steps[0], target_steps=steps[1], proxy_batch_size=batch[0],
-                               target_batch_size=batch[1], model={"family": family})
+        spec = standalone_spec(
+            df,
+            rule=rule,
+            target_width=target_width,
+            base_width=base_width,
+            proxy_steps=steps[0],
+            target_steps=steps[1],
+            proxy_batch_size=batch[0],
+            target_batch_size=batch[1],
+            model={"family": family},
+        )
         plan = make_plan(spec, df)
     except HptError as e:
         assert_problems_say_something(e)
@@ -395,8 +513,13 @@ def test_every_results_column_with_every_extreme_cell():
     from hptransfer.transfer.engine import make_plan, standalone_spec
 
     rules = itertools.cycle(RULES)
-    base = pd.DataFrame([{"width": w, "lr": lr, "seed": 0, "val_loss": 3 + 0.1 * math.log(lr / 0.02) ** 2 + w ** -0.5,
-                          "status": "ok"} for w in (16, 32, 64) for lr in (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)])
+    base = pd.DataFrame(
+        [
+            {"width": w, "lr": lr, "seed": 0, "val_loss": 3 + 0.1 * math.log(lr / 0.02) ** 2 + w**-0.5, "status": "ok"}
+            for w in (16, 32, 64)
+            for lr in (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+        ]
+    )
     failures = []
     for col in [*base.columns, "weight_decay"]:
         for v in [math.nan, math.inf, -1, 0, 1e300, "[/red]", None]:
@@ -413,16 +536,32 @@ def test_every_results_column_with_every_extreme_cell():
 
 
 @settings(max_examples=6, **FUZZ)
-@given(df=mutated_tables(max_ops=2), rule=st.sampled_from([*RULES, "magic", ""]),
-       target_width=st.sampled_from(["256", "4096", "0", "-5", "1e3", "abc", str(10**30)]))
+@given(
+    df=mutated_tables(max_ops=2),
+    rule=st.sampled_from([*RULES, "magic", ""]),
+    target_width=st.sampled_from(["256", "4096", "0", "-5", "1e3", "abc", str(10**30)]),
+)
 def test_fuzz_hpt_transfer_results_exits_0_or_2(fuzz_dir, df, rule, target_width):
     from hptransfer.cli import app
 
     n = next(_counter)
     df.to_csv(fuzz_dir / f"results{n}.csv", index=False)
-    result = CliRunner().invoke(app, ["transfer", "--results", str(fuzz_dir / f"results{n}.csv"), "--rule", rule,
-                                      "--target-width", target_width, "--family", "mlp",
-                                      "--out", str(fuzz_dir / f"plan{n}.yaml")])  # and print the diagnostics
+    result = CliRunner().invoke(
+        app,
+        [
+            "transfer",
+            "--results",
+            str(fuzz_dir / f"results{n}.csv"),
+            "--rule",
+            rule,
+            "--target-width",
+            target_width,
+            "--family",
+            "mlp",
+            "--out",
+            str(fuzz_dir / f"plan{n}.yaml"),
+        ],
+    )  # and print the diagnostics
     _no_traceback(result)
     event(f"exit {result.exit_code}")
 
@@ -444,10 +583,18 @@ def _study(fuzz_dir: Path, table: pd.DataFrame, spec_over: dict):
 
 
 @settings(max_examples=5, **FUZZ)
-@given(df=mutated_tables(max_ops=2),
-       spec_over=st.sampled_from([{}, {"sweep": {"widths": [16, 32, 64], "grid": {"lr": [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]}}},
-                                  {"transfer": {"rule": "sp-warmup"}}, {"target": {"width": 4096, "steps": 600}}]),
-       tag=st.sampled_from(["SPEC", "SPEC", "0123456789abcdef", None]))
+@given(
+    df=mutated_tables(max_ops=2),
+    spec_over=st.sampled_from(
+        [
+            {},
+            {"sweep": {"widths": [16, 32, 64], "grid": {"lr": [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]}}},
+            {"transfer": {"rule": "sp-warmup"}},
+            {"target": {"width": 4096, "steps": 600}},
+        ]
+    ),
+    tag=st.sampled_from(["SPEC", "SPEC", "0123456789abcdef", None]),
+)
 def test_fuzz_transfer_stage_on_a_study_folder(fuzz_dir, df, spec_over, tag):
     from hptransfer.pipeline import transfer_stage
 
@@ -467,11 +614,19 @@ def test_fuzz_transfer_stage_on_a_study_folder(fuzz_dir, df, spec_over, tag):
 
 # --- plans ---------------------------------------------------------------------------------------------
 
+
 def _minimal_plan() -> dict:
     spec = parse_spec(tiny_spec_dict())
-    return {"study": "tiny", "rule": "mup", "model": spec.model.model_dump(), "base_width": 16,
-            "target": {"width": 64, "steps": 4, "batch_size": 8, "seq_len": 16}, "hyperparameters": {"lr": 0.01},
-            "data": spec.data.model_dump(), "train": spec.train.model_dump()}
+    return {
+        "study": "tiny",
+        "rule": "mup",
+        "model": spec.model.model_dump(),
+        "base_width": 16,
+        "target": {"width": 64, "steps": 4, "batch_size": 8, "seq_len": 16},
+        "hyperparameters": {"lr": 0.01},
+        "data": spec.data.model_dump(),
+        "train": spec.train.model_dump(),
+    }
 
 
 @cache
@@ -480,22 +635,31 @@ def _real_plans() -> tuple[dict, ...]:
     from hptransfer.transfer.engine import make_plan
 
     out = [_minimal_plan()]
-    rows = [{"width": w, "lr": lr, "seed": 0, "val_loss": 3 + 0.1 * math.log(lr / 0.02) ** 2 + w ** -0.5, "status": "ok"}
-            for w in (16, 32, 64) for lr in (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)]
+    rows = [
+        {"width": w, "lr": lr, "seed": 0, "val_loss": 3 + 0.1 * math.log(lr / 0.02) ** 2 + w**-0.5, "status": "ok"}
+        for w in (16, 32, 64)
+        for lr in (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+    ]
     df = pd.DataFrame(rows)
     sweep = {"widths": [16, 32, 64], "grid": {"lr": sorted(df.lr.unique())}}
-    for over in ({"sweep": sweep}, {"transfer": {"rule": "sp-warmup"}, "sweep": {**sweep, "fixed": {"weight_decay": 0.1}}},
-                 {"sweep": sweep, "target": {"width": 256, "steps": 600, "batch_size": 32}}):
+    for over in (
+        {"sweep": sweep},
+        {"transfer": {"rule": "sp-warmup"}, "sweep": {**sweep, "fixed": {"weight_decay": 0.1}}},
+        {"sweep": sweep, "target": {"width": 256, "steps": 600, "batch_size": 32}},
+    ):
         spec = parse_spec(tiny_spec_dict(**over))
         out.append(make_plan(spec, df).model_dump(mode="json"))
     return tuple(out)
 
 
-PLAN_PATHS = sorted(set(field_paths(TransferPlan)) | {("hyperparameters", hp) for hp in TUNABLE}
-                    | {("schedule", k) for k in ("kind", "m", "timescale", "base")}
-                    | {("param_group_multipliers", "hidden_matrices", k) for k in ("lr", "weight_decay")}
-                    | {("diagnostics", k) for k in ("tuned", "primary", "warnings", "notes", "predicted_penalty")},
-                    key=repr)
+PLAN_PATHS = sorted(
+    set(field_paths(TransferPlan))
+    | {("hyperparameters", hp) for hp in TUNABLE}
+    | {("schedule", k) for k in ("kind", "m", "timescale", "base")}
+    | {("param_group_multipliers", "hidden_matrices", k) for k in ("lr", "weight_decay")}
+    | {("diagnostics", k) for k in ("tuned", "primary", "warnings", "notes", "predicted_penalty")},
+    key=repr,
+)
 
 
 @st.composite
@@ -505,10 +669,24 @@ def mutated_plans(draw, min_ops: int = 1) -> dict:
     for _ in range(draw(st.integers(min_ops, 3))):
         kind = draw(st.sampled_from(["set", "set", "set", "del", "extra"]))
         if kind == "extra":
-            container = draw(st.sampled_from([(), ("target",), ("model",), ("hyperparameters",), ("schedule",),
-                                              ("diagnostics",), ("param_group_multipliers",)]))
-            d = apply(d, ("extra", container, draw(unknown_keys), draw(values))) if container else \
-                {**d, draw(st.sampled_from(["hyperparamters", "extra", "版本"])): draw(values)}
+            container = draw(
+                st.sampled_from(
+                    [
+                        (),
+                        ("target",),
+                        ("model",),
+                        ("hyperparameters",),
+                        ("schedule",),
+                        ("diagnostics",),
+                        ("param_group_multipliers",),
+                    ]
+                )
+            )
+            d = (
+                apply(d, ("extra", container, draw(unknown_keys), draw(values)))
+                if container
+                else {**d, draw(st.sampled_from(["hyperparamters", "extra", "版本"])): draw(values)}
+            )
         else:
             path = draw(st.sampled_from(paths))
             d = apply(d, (kind, path, draw(values)) if kind == "set" else (kind, path))

@@ -6,12 +6,13 @@ fold is not exact in floating point. output_mult = 2 so SP's readout has a multi
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
+
 from hptransfer.data import load_corpus
 from hptransfer.hyperparameters import Hyperparameters
 from hptransfer.models import build_model, build_optimizer, lm_logits
 from hptransfer.models.handoff import BASE_SHAPES_FILE, HANDOFF_FILE, PLAN_FILE, load_handoff, read_handoff, save_handoff
 from hptransfer.spec import ModelSpec
-from transformers import AutoModelForCausalLM
 
 WIDTH, BASE, SEQ = 48, 16, 16
 HPS = Hyperparameters(lr=1e-2, output_mult=2.0)
@@ -23,8 +24,9 @@ def _corpus():
 
 def _loss(model, batches) -> float:
     with torch.no_grad():
-        return sum(torch.nn.functional.cross_entropy(lm_logits(model, x).flatten(0, 1), y.flatten()).item()
-                   for x, y in batches) / len(batches)
+        return sum(
+            torch.nn.functional.cross_entropy(lm_logits(model, x).flatten(0, 1), y.flatten()).item() for x, y in batches
+        ) / len(batches)
 
 
 def _adam_steps(model, parametrization: str, steps: int, start: int = 0):
@@ -79,9 +81,15 @@ def test_plain_transformers_gives_the_runs_logits_and_loss(mup_run, val, tmp_pat
 def test_folder_carries_base_shapes_and_plan(mup_run):
     spec, _, out = mup_run
     meta = read_handoff(out)
-    assert meta["readout"] == {"kind": "MuReadout", "output_mult": 2.0, "width_mult": WIDTH / BASE,
-                               "folded_scale": 2.0 / (WIDTH / BASE), "bias": False, "tied": False,
-                               "untied_on_save": False}
+    assert meta["readout"] == {
+        "kind": "MuReadout",
+        "output_mult": 2.0,
+        "width_mult": WIDTH / BASE,
+        "folded_scale": 2.0 / (WIDTH / BASE),
+        "bias": False,
+        "tied": False,
+        "untied_on_save": False,
+    }
     assert ModelSpec.model_validate(meta["model"]) == spec and (meta["width"], meta["base_width"]) == (WIDTH, BASE)
     assert "lm_head.weight" in (out / BASE_SHAPES_FILE).read_text()
     assert "handoff-test" in (out / PLAN_FILE).read_text()
@@ -133,10 +141,21 @@ def _tied_llama(width: int):
     from mup import MuSharedReadout
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=256, hidden_size=width, intermediate_size=2 * width, num_hidden_layers=1,
-                      num_attention_heads=width // 8, num_key_value_heads=width // 8, head_dim=8,
-                      max_position_embeddings=SEQ, tie_word_embeddings=True, use_cache=False,
-                      bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=1,
+        num_attention_heads=width // 8,
+        num_key_value_heads=width // 8,
+        head_dim=8,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=True,
+        use_cache=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     model = LlamaForCausalLM(cfg)
     model.lm_head = MuSharedReadout(model.get_input_embeddings().weight, bias=False, output_mult=2.0)
     return model

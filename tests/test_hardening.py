@@ -13,15 +13,19 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import tiny_spec_dict
 from hptransfer.errors import PlanError, ResultsError, SpecError, StudyError
 from hptransfer.plan import parse_plan
 from hptransfer.spec import parse_spec, sweep_hash
 from hptransfer.study import Study
 
+from conftest import tiny_spec_dict
+
 ABSURD = {
-    "600k trials": ({"sweep": {"grid": {"lr": [1e-4 * (1 + i) for i in range(40_000)]}, "seeds": [0, 1, 2, 3, 4]}},
-                    "", "above sweep.max_trials"),
+    "600k trials": (
+        {"sweep": {"grid": {"lr": [1e-4 * (1 + i) for i in range(40_000)]}, "seeds": [0, 1, 2, 3, 4]}},
+        "",
+        "above sweep.max_trials",
+    ),
     "NaN in the grid": ({"sweep": {"grid": {"lr": [0.01, math.nan]}}}, "sweep.grid.lr[1]", "finite"),
     "inf ffn_mult": ({"model": {"ffn_mult": math.inf}}, "model.ffn_mult", "finite"),
     "inf output_mult": ({"sweep": {"fixed": {"output_mult": math.inf}}}, "sweep.fixed.output_mult", "finite"),
@@ -49,22 +53,32 @@ def test_absurd_specs_are_refused_with_path_and_reason(case):
 
 def _plan_dict(**over):
     spec = parse_spec(tiny_spec_dict())
-    d = {"study": "tiny", "rule": "mup", "model": spec.model.model_dump(), "base_width": 16,
-         "target": {"width": 64, "steps": 4, "batch_size": 8, "seq_len": 16}, "hyperparameters": {"lr": 0.01},
-         "data": spec.data.model_dump(), "train": spec.train.model_dump()}
+    d = {
+        "study": "tiny",
+        "rule": "mup",
+        "model": spec.model.model_dump(),
+        "base_width": 16,
+        "target": {"width": 64, "steps": 4, "batch_size": 8, "seq_len": 16},
+        "hyperparameters": {"lr": 0.01},
+        "data": spec.data.model_dump(),
+        "train": spec.train.model_dump(),
+    }
     d.update(over)
     return d
 
 
-@pytest.mark.parametrize("over,words", [
-    ({"hyperparamters": {"lr": 0.1}}, "unknown key"),
-    ({"target": {"width": 0, "steps": 4, "batch_size": 8, "seq_len": 16}}, "greater than or equal to 1"),
-    ({"target": {"width": 64, "steps": -1, "batch_size": 8, "seq_len": 16}}, "greater than or equal to 1"),
-    ({"hyperparameters": {"lr": math.nan}}, "finite"),
-    ({"hyperparameters": {"lr": 0.01, "lrr": 1.0}}, "unknown hyperparameter"),
-    ({"version": 99}, "less than or equal to 1"),
-    ({"rule": "magic"}, "unknown rule"),
-])
+@pytest.mark.parametrize(
+    "over,words",
+    [
+        ({"hyperparamters": {"lr": 0.1}}, "unknown key"),
+        ({"target": {"width": 0, "steps": 4, "batch_size": 8, "seq_len": 16}}, "greater than or equal to 1"),
+        ({"target": {"width": 64, "steps": -1, "batch_size": 8, "seq_len": 16}}, "greater than or equal to 1"),
+        ({"hyperparameters": {"lr": math.nan}}, "finite"),
+        ({"hyperparameters": {"lr": 0.01, "lrr": 1.0}}, "unknown hyperparameter"),
+        ({"version": 99}, "less than or equal to 1"),
+        ({"rule": "magic"}, "unknown rule"),
+    ],
+)
 def test_plans_are_strict(over, words):
     with pytest.raises(PlanError) as e:
         parse_plan(_plan_dict(**over))
@@ -80,8 +94,19 @@ def _study_with_results(tmp_path, table: pd.DataFrame, **spec_over) -> Study:
 
 
 def _table(study_hash: str, **over) -> pd.DataFrame:
-    rows = [{"width": w, "lr": lr, "seed": 0, "val_loss": 3 + (lr - 0.03) ** 2 * 100, "status": "ok",
-             "trial_id": f"{w}-{lr}", "spec_hash": study_hash} for w in (16, 32) for lr in (0.003, 0.03, 0.3)]
+    rows = [
+        {
+            "width": w,
+            "lr": lr,
+            "seed": 0,
+            "val_loss": 3 + (lr - 0.03) ** 2 * 100,
+            "status": "ok",
+            "trial_id": f"{w}-{lr}",
+            "spec_hash": study_hash,
+        }
+        for w in (16, 32)
+        for lr in (0.003, 0.03, 0.3)
+    ]
     df = pd.DataFrame(rows)
     for k, v in over.items():
         df[k] = v
@@ -113,11 +138,13 @@ def test_one_writer_per_study_folder(tmp_path):
     # a live process holds the lock: a second writer fails fast, naming it
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        study.paths.lock.write_text(json.dumps({"pid": holder.pid, "host": os.uname().nodename,
-                                                "started": "2026-12-02T10:00:00", "command": "hpt sweep x"}))
-        with pytest.raises(StudyError, match=rf"in use by pid {holder.pid}.*hpt sweep x"):
-            with study.lock():
-                pass
+        study.paths.lock.write_text(
+            json.dumps(
+                {"pid": holder.pid, "host": os.uname().nodename, "started": "2026-12-02T10:00:00", "command": "hpt sweep x"}
+            )
+        )
+        with pytest.raises(StudyError, match=rf"in use by pid {holder.pid}.*hpt sweep x"), study.lock():
+            pass
     finally:
         holder.kill()
         holder.wait()
@@ -135,8 +162,12 @@ def test_a_second_hpt_process_is_refused_while_the_first_writes(tmp_path):
     spec.write_text(yaml.safe_dump(tiny_spec_dict(name="locked")))
     study = Study.from_spec(spec, tmp_path / "st")
     with study.lock():
-        r = subprocess.run([sys.executable, "-m", "hptransfer", "coord-check", str(spec), "-o", str(study.root)],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "hptransfer", "coord-check", str(spec), "-o", str(study.root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert r.returncode == 2 and f"in use by pid {os.getpid()}" in r.stderr and "Traceback" not in r.stderr
 
 

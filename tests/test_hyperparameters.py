@@ -8,20 +8,29 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_spec_dict
 from hptransfer.hyperparameters import APPLIED, DEFAULT_HPS, LOG_SCALE, TUNABLE, Hyperparameters
 from hptransfer.spec import parse_spec
 
+from conftest import tiny_spec_dict
+
 # A value clearly different from the default for each tunable; grad_clip small enough to bind.
-CHANGED = {"lr": 0.03, "weight_decay": 0.1, "warmup_steps": 3, "beta1": 0.5, "beta2": 0.9, "init_std": 0.05,
-           "output_mult": 2.0, "grad_clip": 0.01}
+CHANGED = {
+    "lr": 0.03,
+    "weight_decay": 0.1,
+    "warmup_steps": 3,
+    "beta1": 0.5,
+    "beta2": 0.9,
+    "init_std": 0.05,
+    "output_mult": 2.0,
+    "grad_clip": 0.01,
+}
 
 
 def test_every_tunable_is_declared_once_with_scale_and_consumer():
     assert set(CHANGED) == TUNABLE  # a new tunable must be added to this test
     assert set(APPLIED.values()) <= {"optimizer", "init", "readout", "schedule", "clipping"}
-    assert LOG_SCALE == {"lr", "weight_decay", "init_std", "output_mult"}
-    assert DEFAULT_HPS == Hyperparameters().as_dict()
+    assert {"lr", "weight_decay", "init_std", "output_mult"} == LOG_SCALE
+    assert Hyperparameters().as_dict() == DEFAULT_HPS
     for name, value in CHANGED.items():
         assert value != DEFAULT_HPS[name]
 
@@ -32,9 +41,11 @@ def test_out_of_range_hyperparameters_are_refused():
             Hyperparameters.of(bad)
 
 
-SPEC = tiny_spec_dict(model={"family": "llama", "head_dim": 8, "seq_len": 16, "depth": 1, "parametrization": "mup"},
-                      sweep={"widths": [16, 32], "grid": {"lr": [0.01]}, "steps": 4, "batch_size": 4},
-                      data={"max_files": 20, "eval_batches": 1})
+SPEC = tiny_spec_dict(
+    model={"family": "llama", "head_dim": 8, "seq_len": 16, "depth": 1, "parametrization": "mup"},
+    sweep={"widths": [16, 32], "grid": {"lr": [0.01]}, "steps": 4, "batch_size": 4},
+    data={"max_files": 20, "eval_batches": 1},
+)
 
 
 @pytest.mark.parametrize("name", sorted(TUNABLE))
@@ -43,8 +54,10 @@ def test_changing_a_tunable_changes_the_trained_sweep_trial(name):
 
     spec = parse_spec(SPEC)
     base = trial_hps(spec, {"lr": 0.01})
-    changed = trial_hps(spec.model_copy(update={"sweep": spec.sweep.model_copy(update={"fixed": {name: CHANGED[name]}})}),
-                        {"lr": CHANGED["lr"] if name == "lr" else 0.01})
+    changed = trial_hps(
+        spec.model_copy(update={"sweep": spec.sweep.model_copy(update={"fixed": {name: CHANGED[name]}})}),
+        {"lr": CHANGED["lr"] if name == "lr" else 0.01},
+    )
     assert getattr(changed, name) == CHANGED[name]
     a = train_proxy(spec, 32, base, seed=0, n_reports=1)
     b = train_proxy(spec, 32, changed, seed=0, n_reports=1)
@@ -82,15 +95,24 @@ def test_changing_a_tunable_changes_the_large_run(ray_local, tmp_path):
             torch.save(flat, Path(config["out"]) / f"{name}.pt")
 
     def plan(hps: dict) -> dict:
-        return TransferPlan(study="hps", rule="mup", model=spec.model, base_width=16,
-                            target=TargetShape(width=32, steps=10, batch_size=4, seq_len=16),
-                            hyperparameters={**DEFAULT_HPS, **hps}, data=spec.data,
-                            train=spec.train.model_copy(update={"workers": 1, "zero_stage": 1})).model_dump(mode="json")
+        return TransferPlan(
+            study="hps",
+            rule="mup",
+            model=spec.model,
+            base_width=16,
+            target=TargetShape(width=32, steps=10, batch_size=4, seq_len=16),
+            hyperparameters={**DEFAULT_HPS, **hps},
+            data=spec.data,
+            train=spec.train.model_copy(update={"workers": 1, "zero_stage": 1}),
+        ).model_dump(mode="json")
 
     plans = {"default": plan({}), **{name: plan({name: value}) for name, value in CHANGED.items()}}
-    TorchTrainer(_large_run_weights, train_loop_config={"plans": plans, "out": str(tmp_path)},
-                 scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
-                 torch_config=TorchConfig(backend="gloo")).fit()
+    TorchTrainer(
+        _large_run_weights,
+        train_loop_config={"plans": plans, "out": str(tmp_path)},
+        scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 1}),
+        torch_config=TorchConfig(backend="gloo"),
+    ).fit()
     ref = torch.load(tmp_path / "default.pt")
     for name in CHANGED:
         got = torch.load(tmp_path / f"{name}.pt")

@@ -55,8 +55,7 @@ def _strict(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: _strict(v) for k, v in schema.items() if not k.startswith("x-kubernetes-validations")}
-    if ("properties" in out and "additionalProperties" not in out
-            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+    if "properties" in out and "additionalProperties" not in out and not schema.get("x-kubernetes-preserve-unknown-fields"):
         out["additionalProperties"] = False
     return out
 
@@ -87,8 +86,7 @@ def schema_errors(obj: dict[str, Any]) -> list[str]:
         validator = crd_validators().get(key)
         if validator is None:
             return [f"{where}: no KubeRay CRD for {key}"]
-        errors = [f"{where}: {'.'.join(map(str, e.absolute_path))}: {e.message}"
-                  for e in validator.iter_errors(obj)]
+        errors = [f"{where}: {'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)]
         name = obj.get("metadata", {}).get("name", "")
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name):
             errors.append(f"{where}: metadata.name is not DNS-1123")
@@ -127,9 +125,14 @@ def overlay_settings(overlay: str, root: Path = REPO) -> dict[str, str]:
 
 def operator_namespaces(objs: list[dict[str, Any]]) -> set[str]:
     """Namespaces from which the NetworkPolicies admit the KubeRay operator."""
-    return {peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
-            for n in objs if n["kind"] == "NetworkPolicy"
-            for rule in n["spec"].get("ingress", []) for peer in rule.get("from", []) if _is_kuberay_operator(peer)}
+    return {
+        peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+        for n in objs
+        if n["kind"] == "NetworkPolicy"
+        for rule in n["spec"].get("ingress", [])
+        for peer in rule.get("from", [])
+        if _is_kuberay_operator(peer)
+    }
 
 
 # ---------------------------------------------------------------- pod templates
@@ -150,8 +153,8 @@ def pod_templates(obj: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
                 yield f"{kind}/{name} worker {g['groupName']}", g["template"]
         if kind == "RayJob":
             assert "submitterPodTemplate" in spec, (
-                f"RayJob/{name}: set submitterPodTemplate, or KubeRay's default submitter pod "
-                "runs without our securityContext")
+                f"RayJob/{name}: set submitterPodTemplate, or KubeRay's default submitter pod runs without our securityContext"
+            )
             yield f"RayJob/{name} submitter", spec["submitterPodTemplate"]
 
 
@@ -235,8 +238,10 @@ def security_problems(objs: list[dict[str, Any]], external_secrets: set[str]) ->
                         p.append(f"{cw}: env {e['name']} embeds user:password in a URI")
                     ref = src.get("secretKeyRef")
                     if ref and ref["name"] not in secrets:
-                        p.append(f"{cw}: env {e['name']} refers to Secret {ref['name']!r}, which is neither "
-                                 f"built nor a documented external Secret {sorted(external_secrets)}")
+                        p.append(
+                            f"{cw}: env {e['name']} refers to Secret {ref['name']!r}, which is neither "
+                            f"built nor a documented external Secret {sorted(external_secrets)}"
+                        )
     return p
 
 
@@ -248,8 +253,11 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 def _is_kuberay_operator(peer: dict[str, Any]) -> bool:
     ns = peer.get("namespaceSelector", {}).get("matchLabels", {})
     pods = peer.get("podSelector", {}).get("matchLabels", {})
-    return (set(peer) == {"namespaceSelector", "podSelector"} and set(ns) == {"kubernetes.io/metadata.name"}
-            and pods == {"app.kubernetes.io/name": "kuberay-operator"})
+    return (
+        set(peer) == {"namespaceSelector", "podSelector"}
+        and set(ns) == {"kubernetes.io/metadata.name"}
+        and pods == {"app.kubernetes.io/name": "kuberay-operator"}
+    )
 
 
 def egress_problems(policies: list[dict[str, Any]]) -> list[str]:
@@ -262,8 +270,9 @@ def egress_problems(policies: list[dict[str, Any]]) -> list[str]:
         name = n["metadata"]["name"]
         for rule in n["spec"].get("egress", []):
             if not rule.get("to"):
-                p.append(f"NetworkPolicy/{name}: an egress rule without `to` admits every address, the metadata "
-                         "endpoint included")
+                p.append(
+                    f"NetworkPolicy/{name}: an egress rule without `to` admits every address, the metadata endpoint included"
+                )
             for peer in rule.get("to", []):
                 block = peer.get("ipBlock")
                 if not block:
@@ -272,8 +281,10 @@ def egress_problems(policies: list[dict[str, Any]]) -> list[str]:
                 excepted = [ipaddress.ip_network(e) for e in block.get("except", [])]
                 for addr in METADATA_ADDRESSES:
                     if addr in cidr and not any(addr in e for e in excepted):
-                        p.append(f"NetworkPolicy/{name}: ipBlock {block['cidr']} reaches the cloud metadata endpoint "
-                                 f"{addr}; add it to `except`")
+                        p.append(
+                            f"NetworkPolicy/{name}: ipBlock {block['cidr']} reaches the cloud metadata endpoint "
+                            f"{addr}; add it to `except`"
+                        )
     return p
 
 
@@ -282,8 +293,10 @@ def network_problems(objs: list[dict[str, Any]], operator_namespace: str | None 
     the KubeRay operator must be admitted from exactly that namespace."""
     p: list[str] = []
     policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
-    if not any(n["spec"]["podSelector"] == {} and n["spec"].get("policyTypes") == ["Ingress"]
-               and not n["spec"].get("ingress") for n in policies):
+    if not any(
+        n["spec"]["podSelector"] == {} and n["spec"].get("policyTypes") == ["Ingress"] and not n["spec"].get("ingress")
+        for n in policies
+    ):
         p.append("no default-deny ingress NetworkPolicy (podSelector: {}, policyTypes: [Ingress], no rules)")
     for n in policies:
         name = n["metadata"]["name"]
@@ -300,12 +313,14 @@ def network_problems(objs: list[dict[str, Any]], operator_namespace: str | None 
                         p.append(f"NetworkPolicy/{name}: the KubeRay operator may reach only Ray heads on 8265")
                     ns = peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
                     if operator_namespace is not None and ns != operator_namespace:
-                        p.append(f"NetworkPolicy/{name}: admits the KubeRay operator from namespace {ns!r}, but it "
-                                 f"is installed in {operator_namespace!r} (set kuberay-operator-namespace)")
-                elif (set(peer) != {"podSelector"}
-                      or peer["podSelector"].get("matchLabels", {}).get(PART_OF[0]) != PART_OF[1]):
-                    p.append(f"NetworkPolicy/{name}: peer {peer} is not a same-namespace "
-                             f"podSelector on {PART_OF[0]}={PART_OF[1]}")
+                        p.append(
+                            f"NetworkPolicy/{name}: admits the KubeRay operator from namespace {ns!r}, but it "
+                            f"is installed in {operator_namespace!r} (set kuberay-operator-namespace)"
+                        )
+                elif set(peer) != {"podSelector"} or peer["podSelector"].get("matchLabels", {}).get(PART_OF[0]) != PART_OF[1]:
+                    p.append(
+                        f"NetworkPolicy/{name}: peer {peer} is not a same-namespace podSelector on {PART_OF[0]}={PART_OF[1]}"
+                    )
     # The Ray nodes and MLflow must be covered by an allow policy (and so by nothing wider).
     allow = [n for n in policies if n["spec"].get("ingress")]
     for obj in objs:
@@ -391,8 +406,10 @@ def spec_mount_problems(objs: list[dict[str, Any]]) -> list[str]:
         name = parse_spec(yaml.safe_load(cm["data"][key]), key).name
         study_dir = argv[argv.index("--study-dir") + 1] if "--study-dir" in argv else None
         if key != f"{name}.yaml" or study_dir != f"{render.STUDIES_MOUNT}/{name}":
-            p.append(f"{where}: spec name {name!r} must give the key {name}.yaml and --study-dir "
-                     f"{render.STUDIES_MOUNT}/{name}; got {key!r}, {study_dir!r}")
+            p.append(
+                f"{where}: spec name {name!r} must give the key {name}.yaml and --study-dir "
+                f"{render.STUDIES_MOUNT}/{name}; got {key!r}, {study_dir!r}"
+            )
         if job["metadata"]["labels"].get("hptransfer.dev/study") != name:
             p.append(f"{where}: label hptransfer.dev/study must be the spec's name {name!r}")
     return p
@@ -415,8 +432,17 @@ def entrypoints(objs: list[dict[str, Any]]) -> Iterator[tuple[str, list[str]]]:
 def test_overlay_builds_and_every_object_validates(overlay: str) -> None:
     objs = objects(overlay)
     kinds = sorted(o["kind"] for o in objs)
-    for kind in ("Namespace", "ServiceAccount", "PersistentVolumeClaim", "Deployment", "Service",
-                 "NetworkPolicy", "RayJob", "RayCluster", "Job"):
+    for kind in (
+        "Namespace",
+        "ServiceAccount",
+        "PersistentVolumeClaim",
+        "Deployment",
+        "Service",
+        "NetworkPolicy",
+        "RayJob",
+        "RayCluster",
+        "Job",
+    ):
         assert kind in kinds, f"{overlay}: no {kind} in the build ({kinds})"
     assert kinds.count("Job") == 3, "one batch Job each for transfer, dp-plan and report"
     errors = [e for o in objs for e in schema_errors(o)]
@@ -446,8 +472,9 @@ def test_validators_reject_broken_objects() -> None:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_security_posture(overlay: str) -> None:
     objs = objects(overlay)
-    problems = (security_problems(objs, EXTERNAL_SECRETS[overlay])
-                + network_problems(objs, overlay_settings(overlay)["kuberay-operator-namespace"]))
+    problems = security_problems(objs, EXTERNAL_SECRETS[overlay]) + network_problems(
+        objs, overlay_settings(overlay)["kuberay-operator-namespace"]
+    )
     assert not problems, f"{overlay}:\n" + "\n".join(problems)
     ns = one(objs, "Namespace")
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
@@ -473,13 +500,19 @@ def test_security_checks_catch_violations() -> None:
     job["spec"]["submitterPodTemplate"]["metadata"]["labels"].pop(PART_OF[0])
     del one(bad, "RayCluster")["spec"]["authOptions"]
     problems = "\n".join(security_problems(bad, set()))
-    for needle in ("allowPrivilegeEscalation", "resources.limits.cpu", "DB_PASSWORD", "runAsNonRoot",
-                   "Service/mlflow: type must be ClusterIP", "head serviceType", "submitter: pod label",
-                   "RayCluster/hpt-sweeps: set authOptions.mode: token"):
+    for needle in (
+        "allowPrivilegeEscalation",
+        "resources.limits.cpu",
+        "DB_PASSWORD",
+        "runAsNonRoot",
+        "Service/mlflow: type must be ClusterIP",
+        "head serviceType",
+        "submitter: pod label",
+        "RayCluster/hpt-sweeps: set authOptions.mode: token",
+    ):
         assert needle in problems, f"{needle!r} not reported in:\n{problems}"
     open_policy = copy.deepcopy(objs)
-    one(open_policy, "NetworkPolicy", "mlflow-from-hptransfer")["spec"]["ingress"][0]["from"].append(
-        {"namespaceSelector": {}})
+    one(open_policy, "NetworkPolicy", "mlflow-from-hptransfer")["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}})
     assert any("not a same-namespace podSelector" in x for x in network_problems(open_policy))
     wide_operator = copy.deepcopy(objs)
     one(wide_operator, "NetworkPolicy", "ray-head-from-kuberay-operator")["spec"]["ingress"][0]["ports"] = []
@@ -528,7 +561,8 @@ def test_spec_mount_check_catches_a_missing_or_wrong_configmap() -> None:
     assert any("no key 'quickstart.yaml'" in x for x in spec_mount_problems(renamed))
     unmounted = copy.deepcopy(objs)
     one(unmounted, "RayJob")["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0][
-        "volumeMounts"].pop()
+        "volumeMounts"
+    ].pop()
     assert any("every Ray node must mount" in x for x in spec_mount_problems(unmounted))
 
 
@@ -556,8 +590,10 @@ def test_base_is_what_render_produces() -> None:
     for search_spaces/quickstart.yaml, not hand edits."""
     for fname, (_, objs) in render.base_manifests(REPO).items():
         shipped = [d for d in yaml.safe_load_all((REPO / "k8s" / "base" / fname).read_text()) if d]
-        assert shipped == objs, (f"k8s/base/{fname} differs from render.py or search_spaces/quickstart.yaml: "
-                                 "python -m hptransfer.deploy.render k8s/base")
+        assert shipped == objs, (
+            f"k8s/base/{fname} differs from render.py or search_spaces/quickstart.yaml: "
+            "python -m hptransfer.deploy.render k8s/base"
+        )
 
 
 def test_gpu_prod_rayjob_equals_hpt_k8s_render() -> None:
@@ -565,19 +601,43 @@ def test_gpu_prod_rayjob_equals_hpt_k8s_render() -> None:
     built = one(objects("gpu-prod"), "RayJob")
     image = one(objects("gpu-prod"), "Deployment", "mlflow")["spec"]["template"]["spec"]["containers"][0]["image"]
     req = render.RayJobRequest(
-        study="quickstart", spec_yaml=(REPO / "search_spaces" / "quickstart.yaml").read_text(), image=image,
-        namespace="hptransfer", workers=4, gpus_per_worker=1, cpus_per_worker="8", memory_per_worker="48Gi",
-        head_cpus="4", head_memory="16Gi",
+        study="quickstart",
+        spec_yaml=(REPO / "search_spaces" / "quickstart.yaml").read_text(),
+        image=image,
+        namespace="hptransfer",
+        workers=4,
+        gpus_per_worker=1,
+        cpus_per_worker="8",
+        memory_per_worker="48Gi",
+        head_cpus="4",
+        head_memory="16Gi",
     )
     assert built == render.render_rayjob(req)
     assert one(objects("gpu-prod"), "ConfigMap", req.spec_configmap) == render.render_spec_configmap(req)
 
 
-@pytest.mark.parametrize("flags", [
-    [],
-    ["--image", "reg.example/hpt:1", "--namespace", "team-a", "--workers", "3", "--gpus-per-worker", "2",
-     "--cpus-per-worker", "16", "--memory-per-worker", "96Gi", "--name", "big-study"],
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],
+        [
+            "--image",
+            "reg.example/hpt:1",
+            "--namespace",
+            "team-a",
+            "--workers",
+            "3",
+            "--gpus-per-worker",
+            "2",
+            "--cpus-per-worker",
+            "16",
+            "--memory-per-worker",
+            "96Gi",
+            "--name",
+            "big-study",
+        ],
+    ],
+)
 def test_hpt_k8s_render_output_validates(flags: list[str], tmp_path: Path) -> None:
     out = tmp_path / "rayjob.yaml"
     spec = REPO / "search_spaces" / "quickstart.yaml"
@@ -606,13 +666,43 @@ def test_hpt_k8s_render_output_validates(flags: list[str], tmp_path: Path) -> No
 def test_hpt_k8s_render_names_every_bad_flag(tmp_path: Path) -> None:
     broken = tmp_path / "elsewhere.yaml"
     broken.write_text("{}\n")
-    result = CliRunner().invoke(deploy_cli.app, [
-        "render", str(broken), "--workers", "0", "--namespace", "Team_A", "--memory-per-worker", "4GB",
-        "--image", "Not An Image", "--queue", "Team_Q", "--active-deadline-seconds", "-5"])
+    result = CliRunner().invoke(
+        deploy_cli.app,
+        [
+            "render",
+            str(broken),
+            "--workers",
+            "0",
+            "--namespace",
+            "Team_A",
+            "--memory-per-worker",
+            "4GB",
+            "--image",
+            "Not An Image",
+            "--queue",
+            "Team_Q",
+            "--active-deadline-seconds",
+            "-5",
+        ],
+    )
     assert result.exit_code == 2
     text = " ".join(result.output.split())
-    for needle in ("SPEC", "elsewhere.yaml", "name", "--workers", "--namespace", "'Team_A'", "--memory-per-worker",
-                   "'4GB'", "--image", "'Not An Image'", "@sha256", "--queue", "'Team_Q'", "--active-deadline-seconds"):
+    for needle in (
+        "SPEC",
+        "elsewhere.yaml",
+        "name",
+        "--workers",
+        "--namespace",
+        "'Team_A'",
+        "--memory-per-worker",
+        "'4GB'",
+        "--image",
+        "'Not An Image'",
+        "@sha256",
+        "--queue",
+        "'Team_Q'",
+        "--active-deadline-seconds",
+    ):
         assert needle in text, f"{needle!r} missing from: {text}"
 
 
@@ -658,8 +748,13 @@ def test_kueue_queue_label_and_suspended_rayjob(tmp_path: Path) -> None:
     assert job["metadata"]["labels"][render.KUEUE_QUEUE_LABEL] == "team-a"
     assert job["spec"]["suspend"] is True and job["spec"]["activeDeadlineSeconds"] == 600
     assert not [e for o in objs for e in schema_errors(o)] and not security_problems(objs, set())
-    plain = [d for d in yaml.safe_load_all(CliRunner().invoke(deploy_cli.app, [
-        "render", str(spec), "--active-deadline-seconds", "0"]).stdout) if d]
+    plain = [
+        d
+        for d in yaml.safe_load_all(
+            CliRunner().invoke(deploy_cli.app, ["render", str(spec), "--active-deadline-seconds", "0"]).stdout
+        )
+        if d
+    ]
     plain_job = one(plain, "RayJob")
     assert render.KUEUE_QUEUE_LABEL not in plain_job["metadata"]["labels"]
     assert "suspend" not in plain_job["spec"] and "activeDeadlineSeconds" not in plain_job["spec"]
@@ -671,8 +766,9 @@ def test_kueue_queue_label_and_suspended_rayjob(tmp_path: Path) -> None:
 
 def test_dry_run_prints_every_manifest_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "sub" / "rayjob.yaml"
-    r = CliRunner().invoke(deploy_cli.app, ["render", str(REPO / "search_spaces" / "quickstart.yaml"),
-                                            "--out", str(out), "--dry-run"])
+    r = CliRunner().invoke(
+        deploy_cli.app, ["render", str(REPO / "search_spaces" / "quickstart.yaml"), "--out", str(out), "--dry-run"]
+    )
     assert r.exit_code == 0, r.output
     assert not out.exists() and not out.parent.exists()
     assert [d["kind"] for d in yaml.safe_load_all(r.stdout) if d] == ["ConfigMap", "RayJob"]
@@ -694,8 +790,9 @@ def test_hpt_k8s_is_registered_on_the_hpt_app() -> None:
     verbs = real_verbs()
     if "k8s" not in verbs:
         pytest.xfail("hpt k8s not registered in hptransfer.cli yet (lead adds the line)")
-    result = CliRunner().invoke(__import__("hptransfer.cli", fromlist=["app"]).app,
-                                ["k8s", "render", str(REPO / "search_spaces" / "quickstart.yaml")])
+    result = CliRunner().invoke(
+        __import__("hptransfer.cli", fromlist=["app"]).app, ["k8s", "render", str(REPO / "search_spaces" / "quickstart.yaml")]
+    )
     assert result.exit_code == 0, result.output
     assert [d["kind"] for d in yaml.safe_load_all(result.stdout) if d] == ["ConfigMap", "RayJob"]
 
@@ -737,16 +834,20 @@ def test_mlflow_deployment_command_serves_and_refuses_foreign_hosts(tmp_path: Pa
         port = s.getsockname()[1]
 
     def local(v: str) -> str:
-        return v.replace("/mlflow/", f"{tmp_path}/").replace("--port=5000", f"--port={port}").replace(
-            "--host=0.0.0.0", "--host=127.0.0.1")
+        return (
+            v.replace("/mlflow/", f"{tmp_path}/")
+            .replace("--port=5000", f"--port={port}")
+            .replace("--host=0.0.0.0", "--host=127.0.0.1")
+        )
 
     dep = one(objs, "Deployment", "mlflow")
     pod_env = {k: local(v) for k, v in _container_env(dep, c, secret).items()}
     env = {**os.environ, "HOME": str(tmp_path), **pod_env}
     args = [local(_expand(a, pod_env)) for a in c["args"]]
     argv = [str(Path(sys.executable).parent / c["command"][0]), *c["command"][1:], *args]
-    proc = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -794,7 +895,8 @@ def test_operator_namespace_is_one_value_for_readme_and_networkpolicy(overlay: s
     assert operator_namespaces(objects(overlay)) == {setting}
     installs = _helm_install_namespaces()
     assert installs and set(installs) == {setting}, (
-        f"README installs the operator in {installs}, the {overlay} NetworkPolicy admits it from {setting!r}")
+        f"README installs the operator in {installs}, the {overlay} NetworkPolicy admits it from {setting!r}"
+    )
 
 
 def _overlay_copy(tmp_path: Path, overlay: str, edit) -> list[dict[str, Any]]:
@@ -812,8 +914,9 @@ def _overlay_copy(tmp_path: Path, overlay: str, edit) -> list[dict[str, Any]]:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_settings_reach_the_objects(overlay: str, tmp_path: Path) -> None:
     """The wiring is real, not a coincidence of equal literals: change a setting, the object follows."""
-    objs = _overlay_copy(tmp_path, overlay, lambda t: t.replace(
-        "kuberay-operator-namespace=kuberay-system", "kuberay-operator-namespace=ray-ops"))
+    objs = _overlay_copy(
+        tmp_path, overlay, lambda t: t.replace("kuberay-operator-namespace=kuberay-system", "kuberay-operator-namespace=ray-ops")
+    )
     assert operator_namespaces(objs) == {"ray-ops"}
     assert not [o for o in objs if o["metadata"]["name"] == "hptransfer-settings"], "local-config stays out"
     assert not network_problems(objs, "ray-ops")
@@ -824,8 +927,13 @@ def test_studies_storage_class_is_set_per_overlay(tmp_path: Path) -> None:
     assert gpu["accessModes"] == ["ReadWriteMany"]
     assert gpu["storageClassName"] == overlay_settings("gpu-prod")["studies-storage-class"]
     assert "storageClassName" not in one(objects("cpu-dev"), "PersistentVolumeClaim", "hpt-studies")["spec"]
-    objs = _overlay_copy(tmp_path, "gpu-prod", lambda t: t.replace(
-        "studies-storage-class=" + overlay_settings("gpu-prod")["studies-storage-class"], "studies-storage-class=efs-sc"))
+    objs = _overlay_copy(
+        tmp_path,
+        "gpu-prod",
+        lambda t: t.replace(
+            "studies-storage-class=" + overlay_settings("gpu-prod")["studies-storage-class"], "studies-storage-class=efs-sc"
+        ),
+    )
     assert one(objs, "PersistentVolumeClaim", "hpt-studies")["spec"]["storageClassName"] == "efs-sc"
     assert not [e for o in objs for e in schema_errors(o)]
 
@@ -845,8 +953,9 @@ def test_image_digest_is_settable_per_overlay(overlay: str, tmp_path: Path) -> N
 
 def _expand(value: str, env: dict[str, str]) -> str:
     """The kubelet's `$(VAR)` expansion in command/args (`$$` escapes; unknown names stay)."""
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), value)
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), value
+    )
 
 
 def _container_env(obj: dict[str, Any], c: dict[str, Any], secret: dict[str, Any] | None = None) -> dict[str, str]:
@@ -887,9 +996,22 @@ def test_mlflow_allowed_hosts_are_exact(overlay: str) -> None:
     for h in hosts:
         name, _, port = h.rpartition(":")
         assert "*" not in name and (port == "5000" or (port == "*" and name in ("localhost", "127.0.0.1"))), h
-    for ok in ("mlflow:5000", f"mlflow.{ns}:5000", f"mlflow.{ns}.svc:5000", f"mlflow.{ns}.svc.cluster.local:5000",
-               "localhost:5000", "127.0.0.1:8080"):
+    for ok in (
+        "mlflow:5000",
+        f"mlflow.{ns}:5000",
+        f"mlflow.{ns}.svc:5000",
+        f"mlflow.{ns}.svc.cluster.local:5000",
+        "localhost:5000",
+        "127.0.0.1:8080",
+    ):
         assert is_allowed_host_header(hosts, ok), ok
-    for bad in ("mlflow.attacker.example", "mlflow.attacker.example:5000", "attacker.example:5000",
-                f"mlflow.{ns}.attacker.example:5000", "mlflow", f"mlflow.other-{ns}:5000", "localhost.attacker.example"):
+    for bad in (
+        "mlflow.attacker.example",
+        "mlflow.attacker.example:5000",
+        "attacker.example:5000",
+        f"mlflow.{ns}.attacker.example:5000",
+        "mlflow",
+        f"mlflow.other-{ns}:5000",
+        "localhost.attacker.example",
+    ):
         assert not is_allowed_host_header(hosts, bad), bad

@@ -9,7 +9,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,22 +21,29 @@ import pytest
 import requests
 import yaml
 
-from conftest import free_port
 from hptransfer.deploy import ray_jobs
 from test_k8s_manifests import command_problems, schema_errors, security_problems, spec_mount_problems
+
+from conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC = REPO / "search_spaces" / "quickstart.yaml"
 PY = sys.executable
 # The venv's bin first, as in an activated venv: jobs on the cluster call `hpt`.
-BASE_ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1",
-            "PATH": f"{Path(PY).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+BASE_ENV = {
+    **os.environ,
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "HF_HUB_OFFLINE": "1",
+    "PATH": f"{Path(PY).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+}
 
 
-def run_launcher(name: str, *args: str, env: dict[str, str] | None = None, cwd: Path = REPO,
-                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, str(REPO / "launchers" / name), *args], cwd=cwd, env=env or BASE_ENV,
-                          capture_output=True, text=True, timeout=timeout)
+def run_launcher(
+    name: str, *args: str, env: dict[str, str] | None = None, cwd: Path = REPO, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, str(REPO / "launchers" / name), *args], cwd=cwd, env=env or BASE_ENV, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # ---------------------------------------------------------------- fast: no cluster
@@ -53,8 +59,7 @@ def test_local_launcher_runs_hpt_run() -> None:
 
 def test_kubernetes_launcher_without_a_cluster_writes_a_valid_rayjob(tmp_path: Path) -> None:
     env = {**BASE_ENV, "KUBECONFIG": str(tmp_path / "no-kubeconfig")}  # no context: do not apply
-    r = run_launcher("kubernetes.py", str(SPEC), "--image", "reg.example/hpt:1", "--workers", "2",
-                     env=env, cwd=tmp_path)
+    r = run_launcher("kubernetes.py", str(SPEC), "--image", "reg.example/hpt:1", "--workers", "2", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = tmp_path / "studies" / "quickstart" / "rayjob.yaml"
     assert "no kubectl context" in r.stderr and str(out.relative_to(tmp_path)) in r.stderr
@@ -91,8 +96,7 @@ def test_ray_cluster_launcher_refuses_a_spec_outside_the_project(tmp_path: Path)
     outside = tmp_path / "search_spaces" / "mine.yaml"
     outside.parent.mkdir()
     outside.write_text("name: mine\n")
-    r = run_launcher("ray_cluster.py", str(outside), "--address", "http://127.0.0.1:1",
-                     "--working-dir", str(REPO))
+    r = run_launcher("ray_cluster.py", str(outside), "--address", "http://127.0.0.1:1", "--working-dir", str(REPO))
     assert r.returncode == 2
     assert "outside the project" in r.stderr and "working_dir" in r.stderr
 
@@ -108,8 +112,9 @@ def test_runtime_env_carries_project_and_package_not_venv() -> None:
 
 @pytest.mark.parametrize("verb", ["run", "sweep"])
 def test_default_entrypoint_is_a_real_hpt_command_that_joins_the_cluster(verb: str) -> None:
-    cmd = ray_jobs.hpt_entrypoint(verb, "search_spaces/quickstart.yaml", "--tracking-uri", "http://m:5000",
-                                  study_dir="/studies/quickstart")
+    cmd = ray_jobs.hpt_entrypoint(
+        verb, "search_spaces/quickstart.yaml", "--tracking-uri", "http://m:5000", study_dir="/studies/quickstart"
+    )
     argv = shlex.split(cmd)
     assert argv[:3] == ["hpt", verb, "search_spaces/quickstart.yaml"] and argv[-2:] == ["--address", "auto"]
     assert argv[argv.index("--study-dir") + 1] == "/studies/quickstart"
@@ -121,12 +126,21 @@ def test_default_entrypoint_is_a_real_hpt_command_that_joins_the_cluster(verb: s
 def test_ray_cluster_launcher_defaults_the_study_to_the_shared_volume(tmp_path: Path) -> None:
     """Not the job's temporary working_dir: /studies/<spec name> (the k8s RayCluster's shared PVC)."""
     spec = _renamed_spec(tmp_path / "search_spaces", "scratch-file.yaml", "widthscan")
-    r = run_launcher("ray_cluster.py", str(spec), "--address", "http://127.0.0.1:1", "--verb", "sweep",
-                     "--working-dir", str(tmp_path))
+    r = run_launcher(
+        "ray_cluster.py", str(spec), "--address", "http://127.0.0.1:1", "--verb", "sweep", "--working-dir", str(tmp_path)
+    )
     assert "study folder on the cluster: /studies/widthscan" in r.stderr, r.stderr
     assert r.returncode == 1 and "Failed to connect" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    r = run_launcher("ray_cluster.py", str(spec), "--address", "http://127.0.0.1:1", "--study-root", "/mnt/shared",
-                     "--working-dir", str(tmp_path))
+    r = run_launcher(
+        "ray_cluster.py",
+        str(spec),
+        "--address",
+        "http://127.0.0.1:1",
+        "--study-root",
+        "/mnt/shared",
+        "--working-dir",
+        str(tmp_path),
+    )
     assert "study folder on the cluster: /mnt/shared/widthscan" in r.stderr, r.stderr
 
 
@@ -136,8 +150,14 @@ def test_ray_cluster_launcher_defaults_the_study_to_the_shared_volume(tmp_path: 
 def _ports() -> list[str]:
     # Every port explicit: head and worker share this machine (and other engineers' Ray may too).
     args = []
-    for flag in ("--node-manager-port", "--object-manager-port", "--metrics-export-port",
-                 "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port"):
+    for flag in (
+        "--node-manager-port",
+        "--object-manager-port",
+        "--metrics-export-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--runtime-env-agent-port",
+    ):
         args += [flag, str(free_port())]
     return args
 
@@ -160,17 +180,35 @@ class LoopbackCluster:
         # runtime_resources/, and a node dropping an unused working_dir would delete it under
         # a driver still running on the other node.
         ray = str(Path(PY).parent / "ray")
-        r = subprocess.run([ray, "start", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-                            "--object-store-memory=100000000", "--disable-usage-stats",
-                            f"--temp-dir={temp_dir}", *_ports(), *args],
-                           env={**self.env, "RAY_TMPDIR": str(temp_dir)}, capture_output=True, text=True,
-                           timeout=180)
+        r = subprocess.run(
+            [
+                ray,
+                "start",
+                "--node-ip-address=127.0.0.1",
+                "--num-cpus=1",
+                "--object-store-memory=100000000",
+                "--disable-usage-stats",
+                f"--temp-dir={temp_dir}",
+                *_ports(),
+                *args,
+            ],
+            env={**self.env, "RAY_TMPDIR": str(temp_dir)},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert r.returncode == 0, f"ray start {args} failed:\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
 
     def start(self) -> None:
-        self._ray_start(self.root / "head", "--head", f"--port={self.gcs_port}", "--include-dashboard=true",
-                        "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-                        f"--ray-client-server-port={free_port()}")
+        self._ray_start(
+            self.root / "head",
+            "--head",
+            f"--port={self.gcs_port}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={self.dashboard_port}",
+            f"--ray-client-server-port={free_port()}",
+        )
         self._ray_start(self.root / "worker", f"--address=127.0.0.1:{self.gcs_port}")
         deadline = time.monotonic() + 90
         while len(self.alive_nodes()) < 2:
@@ -180,8 +218,7 @@ class LoopbackCluster:
     def alive_nodes(self) -> list[str]:
         """Node IDs the cluster reports ALIVE, asked through the dashboard's state API."""
         try:
-            r = requests.get(f"{self.address}/api/v0/nodes", timeout=10,
-                             headers={"Authorization": f"Bearer {self.token}"})
+            r = requests.get(f"{self.address}/api/v0/nodes", timeout=10, headers={"Authorization": f"Bearer {self.token}"})
             rows = r.json()["data"]["result"]["result"]
         except (requests.RequestException, KeyError, ValueError):
             return []
@@ -246,8 +283,16 @@ def test_ray_cluster_launcher_on_a_two_node_cluster(cluster: LoopbackCluster) ->
     nodes_before = set(cluster.alive_nodes())
     assert len(nodes_before) == 2
     env = cluster.env  # the launcher is a client only: no RAY_TMPDIR of its own needed
-    ok = run_launcher("ray_cluster.py", str(SPEC), "--address", cluster.address,
-                      "--entrypoint", shlex.join([PY, "-c", PROBE]), env=env, timeout=300)
+    ok = run_launcher(
+        "ray_cluster.py",
+        str(SPEC),
+        "--address",
+        cluster.address,
+        "--entrypoint",
+        shlex.join([PY, "-c", PROBE]),
+        env=env,
+        timeout=300,
+    )
     out = ok.stdout + ok.stderr
     assert ok.returncode == 0, out[-6000:]
     assert "NODES 2" in out and "SUCCEEDED (exit 0)" in out
@@ -257,9 +302,16 @@ def test_ray_cluster_launcher_on_a_two_node_cluster(cluster: LoopbackCluster) ->
     # the package came from the job's py_modules upload, not the venv's editable install
     assert all("runtime_resources" in p[3] for p in probes), probes
 
-    failing = run_launcher("ray_cluster.py", str(SPEC), "--address", cluster.address,
-                           "--entrypoint", shlex.join([PY, "-c", "import sys; print('boom'); sys.exit(3)"]),
-                           env=env, timeout=300)
+    failing = run_launcher(
+        "ray_cluster.py",
+        str(SPEC),
+        "--address",
+        cluster.address,
+        "--entrypoint",
+        shlex.join([PY, "-c", "import sys; print('boom'); sys.exit(3)"]),
+        env=env,
+        timeout=300,
+    )
     assert failing.returncode == 3, failing.stdout[-3000:] + failing.stderr[-3000:]
     assert "boom" in failing.stdout and "FAILED (exit 3)" in failing.stderr
     assert set(cluster.alive_nodes()) == nodes_before, "both nodes still alive after the jobs"
@@ -270,8 +322,9 @@ def _tiny_project(root: Path) -> Path:
     (about a minute on 2 CPUs): the real `hpt sweep`, small enough for CI."""
     root.mkdir()
     shutil.copy(REPO / "pyproject.toml", root)
-    shutil.copytree(REPO / "platform" / "hptransfer", root / "platform" / "hptransfer",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "platform" / "hptransfer", root / "platform" / "hptransfer", ignore=shutil.ignore_patterns("__pycache__")
+    )
     spec = yaml.safe_load(SPEC.read_text())
     spec["name"] = "loopback"
     spec["sweep"]["widths"] = spec["sweep"]["widths"][:2]
@@ -286,16 +339,28 @@ def _tiny_project(root: Path) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_hpt_sweep_through_the_launcher_runs_trials_on_both_nodes(cluster: LoopbackCluster,
-                                                                   tmp_path: Path) -> None:
+def test_hpt_sweep_through_the_launcher_runs_trials_on_both_nodes(cluster: LoopbackCluster, tmp_path: Path) -> None:
     import mlflow
 
     project = _tiny_project(tmp_path / "project")
     study = tmp_path / "study"  # same filesystem for both nodes, like a shared PVC
     tracking = f"sqlite:///{study / 'mlflow.db'}"
-    r = run_launcher("ray_cluster.py", str(project / "search_spaces" / "loopback.yaml"),
-                     "--address", cluster.address, "--verb", "sweep", "--working-dir", str(project),
-                     "--tracking-uri", tracking, "--study-dir", str(study), env=cluster.env, timeout=500)
+    r = run_launcher(
+        "ray_cluster.py",
+        str(project / "search_spaces" / "loopback.yaml"),
+        "--address",
+        cluster.address,
+        "--verb",
+        "sweep",
+        "--working-dir",
+        str(project),
+        "--tracking-uri",
+        tracking,
+        "--study-dir",
+        str(study),
+        env=cluster.env,
+        timeout=500,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-8000:]
     assert "--address auto" in out and "SUCCEEDED (exit 0)" in out
@@ -304,13 +369,18 @@ def test_hpt_sweep_through_the_launcher_runs_trials_on_both_nodes(cluster: Loopb
     table = pd.read_csv(study / "sweep_results.csv")
     assert len(table) == 4 and set(table["status"]) == {"ok"}, table
     # Trials are Tune actors: the cluster's state API says where each one ran.
-    actors = requests.get(f"{cluster.address}/api/v0/actors", params={"limit": 10000, "detail": "true"},
-                          headers={"Authorization": f"Bearer {cluster.token}"}, timeout=30).json()
+    actors = requests.get(
+        f"{cluster.address}/api/v0/actors",
+        params={"limit": 10000, "detail": "true"},
+        headers={"Authorization": f"Bearer {cluster.token}"},
+        timeout=30,
+    ).json()
     rows = actors["data"]["result"]["result"]
     trial_nodes = {a["node_id"] for a in rows if "ImplicitFunc" in a["class_name"]}
     assert trial_nodes == set(cluster.alive_nodes()), (
         f"trials ran on {trial_nodes}, cluster has {cluster.alive_nodes()}; "
-        f"actor classes: {sorted({a['class_name'] for a in rows})}")
+        f"actor classes: {sorted({a['class_name'] for a in rows})}"
+    )
     client = mlflow.MlflowClient(tracking)
     runs = [run for e in client.search_experiments() for run in client.search_runs([e.experiment_id])]
     parents = [x for x in runs if "mlflow.parentRunId" not in x.data.tags]

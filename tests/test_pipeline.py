@@ -24,12 +24,25 @@ def test_hpt_run_end_to_end(tmp_path):
     path = tmp_path / "e2e.yaml"
     path.write_text(yaml.safe_dump(spec))
     study = tmp_path / "study"
-    r = subprocess.run([sys.executable, "-m", "hptransfer", "run", str(path), "--study-dir", str(study)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "hptransfer", "run", str(path), "--study-dir", str(study)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
-    for name in ("spec.yaml", "coord_check.png", "sweep_results.csv", "sweep.png", "transfer_plan.yaml",
-                 "train/train_metrics.json", "train/deepspeed_config.json", "train/hf_model/config.json", "mlflow.db",
-                 "report/index.html"):
+    for name in (
+        "spec.yaml",
+        "coord_check.png",
+        "sweep_results.csv",
+        "sweep.png",
+        "transfer_plan.yaml",
+        "train/train_metrics.json",
+        "train/deepspeed_config.json",
+        "train/hf_model/config.json",
+        "mlflow.db",
+        "report/index.html",
+    ):
         assert (study / name).exists(), name
     assert str(study / "transfer_plan.yaml") in r.stdout.replace("\n", "")
 

@@ -25,21 +25,30 @@ TARGET_LOSS = 2.4567
 
 
 def spec_dict(dp: bool = True) -> dict:
-    d = {"name": "reportstudy",
-         "model": {"family": "mlp", "depth": 2, "seq_len": 16, "parametrization": "mup"},
-         "data": {"max_files": 40, "eval_batches": 2},
-         "sweep": {"widths": [16, 32, 64], "grid": {"lr": GRID}, "steps": 20, "batch_size": 8},
-         "coord_check": {"widths": [16, 32, 64], "steps": 2},
-         "transfer": {"rule": "mup"},
-         "target": {"width": 512}}
+    d = {
+        "name": "reportstudy",
+        "model": {"family": "mlp", "depth": 2, "seq_len": 16, "parametrization": "mup"},
+        "data": {"max_files": 40, "eval_batches": 2},
+        "sweep": {"widths": [16, 32, 64], "grid": {"lr": GRID}, "steps": 20, "batch_size": 8},
+        "coord_check": {"widths": [16, 32, 64], "steps": 2},
+        "transfer": {"rule": "mup"},
+        "target": {"width": 512},
+    }
     if dp:
-        d["dp"] = {"epsilon": 8.0, "delta": 1e-4, "dataset_size": 2_000, "epochs": 2, "accountant": "rdp",
-                   "batch_sizes": [100, 400], "min_steps": 5, "epsilon_tolerance": 0.2}
+        d["dp"] = {
+            "epsilon": 8.0,
+            "delta": 1e-4,
+            "dataset_size": 2_000,
+            "epochs": 2,
+            "accountant": "rdp",
+            "batch_sizes": [100, 400],
+            "min_steps": 5,
+            "epsilon_tolerance": 0.2,
+        }
     return d
 
 
-def make_study(root: Path, *, drift: float | None = None, train: bool = True, coord: bool = True,
-               dp: bool = True) -> Path:
+def make_study(root: Path, *, drift: float | None = None, train: bool = True, coord: bool = True, dp: bool = True) -> Path:
     """A study folder as the pipeline leaves it. drift: power of ν*(n) ∝ n^drift (None: invariant)."""
     study = root / "study"
     study.mkdir()
@@ -53,9 +62,11 @@ def make_study(root: Path, *, drift: float | None = None, train: bool = True, co
         write_coord_check(study)
     if train:
         (study / "train").mkdir()
-        (study / "train" / "train_metrics.json").write_text(json.dumps(
-            {"final": {"step": 20, "train_loss": 2.3, "val_loss": TARGET_LOSS, "wall_s": 12.0, "status": "ok"},
-             "history": []}))
+        (study / "train" / "train_metrics.json").write_text(
+            json.dumps(
+                {"final": {"step": 20, "train_loss": 2.3, "val_loss": TARGET_LOSS, "wall_s": 12.0, "status": "ok"}, "history": []}
+            )
+        )
     return study
 
 
@@ -73,9 +84,21 @@ def write_coord_check(study: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([16, 32, 64], [1.0, 1.02, 0.99], "o-")
     save_figure(fig, study / "coord_check.png")
-    (study / "coord_check.json").write_text(json.dumps({
-        "parametrization": "mup", "family": "mlp", "widths": [16, 32, 64], "steps": 2, "max_slope_allowed": 0.25,
-        "slopes": {"hidden.0": 0.01}, "worst_module": "hidden.0", "worst_slope": 0.0123, "passed": True}))
+    (study / "coord_check.json").write_text(
+        json.dumps(
+            {
+                "parametrization": "mup",
+                "family": "mlp",
+                "widths": [16, 32, 64],
+                "steps": 2,
+                "max_slope_allowed": 0.25,
+                "slopes": {"hidden.0": 0.01},
+                "worst_module": "hidden.0",
+                "worst_slope": 0.0123,
+                "passed": True,
+            }
+        )
+    )
 
 
 def images(html: str) -> list[str]:
@@ -96,7 +119,7 @@ def test_report_has_every_section_and_its_figures(tmp_path):
     assert f"{plan['hyperparameters']['lr']:.4g}" in html  # the transferred LR
     assert f"{TARGET_LOSS:.4g}" in html  # the target run's measured loss
     for w, per in plan["diagnostics"]["optimum_by_width"].items():  # one row per swept width
-        assert f"<td class=\"l\">{w}</td><td class=\"\">{per['lr']['value']:.4g}</td>" in html
+        assert f'<td class="l">{w}</td><td class="">{per["lr"]["value"]:.4g}</td>' in html
     assert "Coordinate check" in html and "passed: the steepest growth" in html and "0.012" in html
     # DP table: one row per batch size, the chosen one highlighted, σ√T from Opacus' RDP accountant.
     from hptransfer.dp.plan import dp_plan_for

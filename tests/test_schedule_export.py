@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_spec_dict
+
 from hptransfer.models.optim import lr_schedule
 from hptransfer.plan import TargetShape, TransferPlan
 from hptransfer.spec import parse_spec
@@ -21,6 +21,8 @@ from hptransfer.transfer.exports import (
     validate_hf,
 )
 
+from conftest import tiny_spec_dict
+
 # (target steps, warmup_steps): no warmup, the 1-step edge, short and long warmups, a fractional
 # warmup (rounded the same way everywhere), warmup = steps, warmup > steps.
 CASES = [(20, 0), (50, 0), (20, 1), (20, 2), (20, 5), (50, 5), (50, 12.6), (10, 10), (6, 8)]
@@ -29,9 +31,16 @@ PEAK = 3e-3
 
 def _plan(steps: int, warmup: float) -> TransferPlan:
     spec = parse_spec(tiny_spec_dict())
-    return TransferPlan(study="schedule", rule="mup", model=spec.model, base_width=16,
-                        target=TargetShape(width=64, steps=steps, batch_size=8, seq_len=16),
-                        hyperparameters={"lr": PEAK, "warmup_steps": warmup}, data=spec.data, train=spec.train)
+    return TransferPlan(
+        study="schedule",
+        rule="mup",
+        model=spec.model,
+        base_width=16,
+        target=TargetShape(width=64, steps=steps, batch_size=8, seq_len=16),
+        hyperparameters={"lr": PEAK, "warmup_steps": warmup},
+        data=spec.data,
+        train=spec.train,
+    )
 
 
 def _dummy_optimizer(lr: float) -> torch.optim.Optimizer:
@@ -63,8 +72,9 @@ def test_lr_schedule_is_transformers_cosine_with_min_lr(steps, warmup):
 
     w = round(warmup)
     for s in range(steps + 1):
-        assert lr_schedule(s, steps, warmup, 0.1) == hf(s, num_warmup_steps=w, num_training_steps=steps,
-                                                        num_cycles=0.5, min_lr_rate=0.1), s
+        assert lr_schedule(s, steps, warmup, 0.1) == hf(
+            s, num_warmup_steps=w, num_training_steps=steps, num_cycles=0.5, min_lr_rate=0.1
+        ), s
     assert lr_schedule(0, steps, warmup) == (0.0 if w else 1.0)  # the library's warmup: s/w, not (s+1)/w
     assert lr_schedule(steps + 5, steps, warmup) == pytest.approx(0.1)  # past the end: the floor (HF rises again)
 
@@ -78,8 +88,13 @@ def test_hf_export_gives_our_lr_at_every_step(steps, warmup, tmp_path):
     validate_hf(kwargs)
     args = TrainingArguments(**kwargs)
     opt = _dummy_optimizer(args.learning_rate)
-    scheduler = get_scheduler(args.lr_scheduler_type, opt, num_warmup_steps=args.get_warmup_steps(args.max_steps),
-                              num_training_steps=args.max_steps, scheduler_specific_kwargs=args.lr_scheduler_kwargs)
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        opt,
+        num_warmup_steps=args.get_warmup_steps(args.max_steps),
+        num_training_steps=args.max_steps,
+        scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+    )
     got, ours = _lr_per_step(opt, scheduler, steps), _ours(plan)
     assert [s for s in range(steps) if not _same(got[s], ours[s])] == [], list(zip(got, ours))
 

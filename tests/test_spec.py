@@ -9,8 +9,9 @@ import sys
 import pytest
 import yaml
 
-from conftest import ROOT, tiny_spec_dict
 from hptransfer.spec import SpecError, load_spec, parse_spec
+
+from conftest import ROOT, tiny_spec_dict
 
 SHIPPED = sorted((ROOT / "search_spaces").glob("*.yaml"))
 
@@ -44,8 +45,11 @@ BROKEN = {
     "bad zero stage": ({"train": {"zero_stage": 5}}, "train.zero_stage", "0, 1, 2 or 3"),
     "unknown rule": ({"transfer": {"rule": "magic"}}, "", "transfer.rule='magic' is unknown"),
     "target narrower": ({"target": {"width": 16}}, "", "narrower than the widest"),
-    "width not multiple of head_dim": ({"model": {"family": "llama", "head_dim": 16}, "sweep": {"widths": [24, 32]}},
-                                       "", "not multiples of model.head_dim"),
+    "width not multiple of head_dim": (
+        {"model": {"family": "llama", "head_dim": 16}, "sweep": {"widths": [24, 32]}},
+        "",
+        "not multiples of model.head_dim",
+    ),
     "wrong type": ({"sweep": {"steps": "many"}}, "sweep.steps", "integer"),
     "missing target": ({"target": None}, "target", ""),
 }
@@ -75,14 +79,18 @@ def test_validate_cli_reports_and_exits_nonzero(tmp_path):
     out = r.stdout + r.stderr
     assert "sweep.widths" in out and "[64, 32]" in out and "strictly increasing" in out
     assert "sweep.grid" in out
-    good = subprocess.run([sys.executable, "-m", "hptransfer", "validate", str(ROOT / "search_spaces/quickstart.yaml")],
-                          capture_output=True, text=True)
+    good = subprocess.run(
+        [sys.executable, "-m", "hptransfer", "validate", str(ROOT / "search_spaces/quickstart.yaml")],
+        capture_output=True,
+        text=True,
+    )
     assert good.returncode == 0, good.stderr
 
 
 def test_platform_module_is_not_shadowed():
     # platform/ is a source root, never a package: Python's own `platform` must still import.
-    r = subprocess.run([sys.executable, "-c", "import platform, hptransfer; print(platform.system())"],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(
+        [sys.executable, "-c", "import platform, hptransfer; print(platform.system())"], capture_output=True, text=True, cwd=ROOT
+    )
     assert r.returncode == 0 and r.stdout.strip() == "Linux", r.stderr
     assert not (ROOT / "platform" / "__init__.py").exists()

@@ -39,15 +39,17 @@ def spec_and_results(root):
     p = StudyPaths(root)
     root.mkdir(parents=True, exist_ok=True)
     p.spec.write_text(yaml.safe_dump(SPEC))
-    rows = ["width,lr,seed,val_loss,status"] + [f"{w},{lr},0,{3 + lr},{'diverged' if lr == 0.3 and w == 32 else 'ok'}"
-                                                for w in (16, 32) for lr in (0.003, 0.03, 0.3)]
+    rows = ["width,lr,seed,val_loss,status"] + [
+        f"{w},{lr},0,{3 + lr},{'diverged' if lr == 0.3 and w == 32 else 'ok'}" for w in (16, 32) for lr in (0.003, 0.03, 0.3)
+    ]
     p.sweep_results.write_text("\n".join(rows) + "\n")
     return p
 
 
 def plan(p: StudyPaths):
-    p.plan.write_text(yaml.safe_dump({"study": "st", "rule": "mup", "target": {"width": 64, "steps": 10},
-                                      "hyperparameters": {"lr": 0.0625}}))
+    p.plan.write_text(
+        yaml.safe_dump({"study": "st", "rule": "mup", "target": {"width": 64, "steps": 10}, "hyperparameters": {"lr": 0.0625}})
+    )
 
 
 def hold_lock(p: StudyPaths):
@@ -57,15 +59,33 @@ def hold_lock(p: StudyPaths):
 
 def progress(p: StudyPaths, step: int, **more):
     p.train.root.mkdir(parents=True, exist_ok=True)
-    write_json(p.train.progress, {"step": step, "total": 10, "status": "running", "train_loss": 3.5, "tokens_per_s": 1500.0,
-                                  "elapsed_s": 5.0, "eta_s": 5.0, "time": time.time(), **more})
+    write_json(
+        p.train.progress,
+        {
+            "step": step,
+            "total": 10,
+            "status": "running",
+            "train_loss": 3.5,
+            "tokens_per_s": 1500.0,
+            "elapsed_s": 5.0,
+            "eta_s": 5.0,
+            "time": time.time(),
+            **more,
+        },
+    )
 
 
 def test_partial_study_spec_and_results_only(tmp_path):
     spec_and_results(tmp_path / "s")
     text, st = status(tmp_path / "s", "--no-mlflow")
-    assert states(st) == {"spec": "done", "coord_check": "not run", "sweep": "done", "plan": "not run",
-                          "train": "not run", "report": "not run"}
+    assert states(st) == {
+        "spec": "done",
+        "coord_check": "not run",
+        "sweep": "done",
+        "plan": "not run",
+        "train": "not run",
+        "report": "not run",
+    }
     assert st["stages"]["sweep"]["by_status"] == {"ok": 5, "diverged": 1}
     assert st["stages"]["sweep"]["files"] == ["sweep_results.csv"]
     assert st["running"] is None and st["mlflow"]["tracking_uri"].endswith("/s/mlflow.db")
@@ -76,12 +96,16 @@ def test_partial_study_spec_and_results_only(tmp_path):
 def test_finished_study_lists_artifacts_metrics_and_mlflow_runs(tmp_path):
     root = tmp_path / "s"
     p = spec_and_results(root)
-    write_json(p.coord_check_json, {"passed": True, "worst_slope": -0.12, "worst_module": "lm_head",
-                                    "max_slope_allowed": 0.25, "widths": [16, 32]})
+    write_json(
+        p.coord_check_json,
+        {"passed": True, "worst_slope": -0.12, "worst_module": "lm_head", "max_slope_allowed": 0.25, "widths": [16, 32]},
+    )
     plan(p)
     progress(p, 10, status="ok", eta_s=0.0, val_loss=3.6, val_step=10)
-    write_json(p.train.metrics, {"final": {"step": 10, "train_loss": 3.1, "val_loss": 3.6, "tokens_per_s": 1900.0,
-                                           "status": "ok"}, "history": []})
+    write_json(
+        p.train.metrics,
+        {"final": {"step": 10, "train_loss": 3.1, "val_loss": 3.6, "tokens_per_s": 1900.0, "status": "ok"}, "history": []},
+    )
     p.report_html.parent.mkdir()
     p.report_html.write_text("<html></html>")
     study = Study.from_dir(root)
@@ -92,16 +116,29 @@ def test_finished_study_lists_artifacts_metrics_and_mlflow_runs(tmp_path):
     train.end()
 
     text, st = status(root)
-    assert states(st) == {"spec": "done", "coord_check": "pass", "sweep": "done", "plan": "done", "train": "done",
-                          "report": "done"}
-    assert st["stages"]["train"]["final"] == {"step": 10, "train_loss": 3.1, "val_loss": 3.6, "tokens_per_s": 1900.0,
-                                              "status": "ok"}
+    assert states(st) == {
+        "spec": "done",
+        "coord_check": "pass",
+        "sweep": "done",
+        "plan": "done",
+        "train": "done",
+        "report": "done",
+    }
+    assert st["stages"]["train"]["final"] == {
+        "step": 10,
+        "train_loss": 3.1,
+        "val_loss": 3.6,
+        "tokens_per_s": 1900.0,
+        "status": "ok",
+    }
     assert st["stages"]["plan"]["hyperparameters"] == {"lr": 0.0625}
     assert st["stages"]["report"]["files"] == ["report/index.html"]
     m = st["mlflow"]
     assert m["experiment"] == "st" and m["runs_by_kind"] == {"sweep": 1, "trial": 1, "train": 1}
-    assert {(r["kind"], r["run_id"], r["status"]) for r in m["runs"]} == {("sweep", sweep.run_id, "FINISHED"),
-                                                                         ("train", train.run_id, "FINISHED")}
+    assert {(r["kind"], r["run_id"], r["status"]) for r in m["runs"]} == {
+        ("sweep", sweep.run_id, "FINISHED"),
+        ("train", train.run_id, "FINISHED"),
+    }
     assert sweep.run_id in text and train.run_id in text and "coord check  pass" in text
 
 
@@ -114,8 +151,10 @@ def test_sweep_running_counts_trials_from_tune_state_and_markers(tmp_path):
     exp = p.experiment_dir(SWEEP_EXPERIMENT)
     exp.mkdir(parents=True)
     trials = ["TERMINATED", "TERMINATED", "RUNNING", "PENDING", "PENDING", "PENDING"]
-    write_json(exp / "experiment_state-2026-01-01_00-00-00.json",
-               {"trial_data": [[json.dumps({"trial_id": f"t{i}", "status": s}), "{}"] for i, s in enumerate(trials)]})
+    write_json(
+        exp / "experiment_state-2026-01-01_00-00-00.json",
+        {"trial_data": [[json.dumps({"trial_id": f"t{i}", "status": s}), "{}"] for i, s in enumerate(trials)]},
+    )
     p.trials_done.mkdir()
     for i in range(3):  # a third trial finished after Tune's last snapshot
         write_json(p.trials_done / f"{i}.json", {"val_loss": 3.0})

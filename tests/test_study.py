@@ -13,21 +13,26 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT, tiny_spec_dict
 from hptransfer.spec import parse_spec
 from hptransfer.study import Study, StudyPaths
+
+from conftest import ROOT, tiny_spec_dict
 
 PKG = ROOT / "platform" / "hptransfer"
 
 
 # --- tracking URI and experiment: flag > spec > environment > default --------------------------
 
-@pytest.mark.parametrize("flag,spec_uri,env,expected", [
-    ("sqlite:///flag.db", "sqlite:///spec.db", "sqlite:///env.db", "sqlite:///flag.db"),
-    (None, "sqlite:///spec.db", "sqlite:///env.db", "sqlite:///spec.db"),
-    (None, None, "sqlite:///env.db", "sqlite:///env.db"),
-    (None, None, None, "default"),
-])
+
+@pytest.mark.parametrize(
+    "flag,spec_uri,env,expected",
+    [
+        ("sqlite:///flag.db", "sqlite:///spec.db", "sqlite:///env.db", "sqlite:///flag.db"),
+        (None, "sqlite:///spec.db", "sqlite:///env.db", "sqlite:///spec.db"),
+        (None, None, "sqlite:///env.db", "sqlite:///env.db"),
+        (None, None, None, "default"),
+    ],
+)
 def test_tracking_uri_resolution_order(tmp_path, monkeypatch, flag, spec_uri, env, expected):
     if env:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", env)
@@ -43,9 +48,16 @@ def test_a_plan_without_a_spec_gets_the_same_resolution(tmp_path, monkeypatch):
     from hptransfer.plan import TargetShape, TransferPlan, save_plan
 
     spec = parse_spec(tiny_spec_dict(name="planonly"))
-    plan = TransferPlan(study="planonly", rule="mup", model=spec.model, base_width=16,
-                        target=TargetShape(width=64, steps=4, batch_size=8, seq_len=16),
-                        hyperparameters={"lr": 0.01}, data=spec.data, train=spec.train)
+    plan = TransferPlan(
+        study="planonly",
+        rule="mup",
+        model=spec.model,
+        base_width=16,
+        target=TargetShape(width=64, steps=4, batch_size=8, seq_len=16),
+        hyperparameters={"lr": 0.01},
+        data=spec.data,
+        train=spec.train,
+    )
     path = save_plan(plan, tmp_path / "elsewhere" / "plan.yaml")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///env.db")
     study = Study.for_plan(path)
@@ -58,8 +70,11 @@ def test_a_plan_without_a_spec_gets_the_same_resolution(tmp_path, monkeypatch):
 
 def test_no_study_file_name_is_written_outside_study_py():
     """Every study file name lives on StudyPaths/TrainPaths; other modules use those properties."""
-    names = {Path(getattr(StudyPaths(Path("/s")), a)).name for a in dir(StudyPaths)
-             if isinstance(getattr(StudyPaths, a, None), property) and a != "train"}
+    names = {
+        Path(getattr(StudyPaths(Path("/s")), a)).name
+        for a in dir(StudyPaths)
+        if isinstance(getattr(StudyPaths, a, None), property) and a != "train"
+    }
     names |= {"train_metrics.json", "deepspeed_config.json", "hf_model", "checkpoints_local", "engine_param_groups.json"}
     names = {n for n in names if "." in n or "_" in n}  # file names, not words like "report" (a verb too)
     offenders = []
@@ -74,11 +89,30 @@ def test_no_study_file_name_is_written_outside_study_py():
 
 # --- the import graph ------------------------------------------------------------------------------
 
-CORE = {"hptransfer.spec", "hptransfer.hyperparameters", "hptransfer.study", "hptransfer.io", "hptransfer.errors",
-        "hptransfer.privacy", "hptransfer.plan", "hptransfer.env"}
-FEATURES = ("hptransfer.sweep", "hptransfer.transfer", "hptransfer.train", "hptransfer.dp", "hptransfer.models",
-            "hptransfer.report", "hptransfer.deploy", "hptransfer.data", "hptransfer.coordcheck",
-            "hptransfer.pipeline", "hptransfer.cli", "hptransfer.tracking")
+CORE = {
+    "hptransfer.spec",
+    "hptransfer.hyperparameters",
+    "hptransfer.study",
+    "hptransfer.io",
+    "hptransfer.errors",
+    "hptransfer.privacy",
+    "hptransfer.plan",
+    "hptransfer.env",
+}
+FEATURES = (
+    "hptransfer.sweep",
+    "hptransfer.transfer",
+    "hptransfer.train",
+    "hptransfer.dp",
+    "hptransfer.models",
+    "hptransfer.report",
+    "hptransfer.deploy",
+    "hptransfer.data",
+    "hptransfer.coordcheck",
+    "hptransfer.pipeline",
+    "hptransfer.cli",
+    "hptransfer.tracking",
+)
 
 
 def _module(path: Path) -> str:
@@ -111,7 +145,7 @@ def test_no_import_cycles_at_module_level():
         state[m] = 1
         for n in graph[m]:
             if state.get(n) == 1:
-                cycle.extend(stack[stack.index(n):] + [n] if n in stack else [m, n])
+                cycle.extend(stack[stack.index(n) :] + [n] if n in stack else [m, n])
                 return True
             if not state.get(n) and visit(n, stack + [n]):
                 return True
@@ -128,8 +162,13 @@ def test_the_core_imports_no_feature_package():
         path = PKG / (m.split(".", 1)[1].replace(".", "/") + ".py")
         bad = {i for i in _imports(path, module_level=False) if i.startswith(FEATURES)}
         if m == "hptransfer.study":
-            bad -= {"hptransfer.pipeline", "hptransfer.tracking", "hptransfer.tracking.TAG_KIND",
-                    "hptransfer.tracking.TAG_STUDY", "hptransfer.tracking.MlflowTracker"}
+            bad -= {
+                "hptransfer.pipeline",
+                "hptransfer.tracking",
+                "hptransfer.tracking.TAG_KIND",
+                "hptransfer.tracking.TAG_STUDY",
+                "hptransfer.tracking.MlflowTracker",
+            }
         assert not bad, f"{m} imports {sorted(bad)}"
 
 
@@ -142,9 +181,11 @@ def test_the_spec_knows_every_registered_rule():
 
 # --- user errors: exit status 2, one format, no traceback -------------------------------------
 
+
 def _hpt(*args, cwd=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "hptransfer", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "hptransfer", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
 
 
 def _refused(r, *words):
@@ -171,8 +212,16 @@ def test_transfer_before_a_sweep(tmp_path):
 
 def test_transfer_when_every_trial_diverged(tmp_path):
     d = _study_dir(tmp_path)
-    pd.DataFrame({"width": [16, 16, 32, 32], "lr": [0.003, 0.03] * 2, "seed": 0, "val_loss": float("nan"),
-                  "status": "diverged", "trial_id": list("abcd")}).to_csv(d / "sweep_results.csv", index=False)
+    pd.DataFrame(
+        {
+            "width": [16, 16, 32, 32],
+            "lr": [0.003, 0.03] * 2,
+            "seed": 0,
+            "val_loss": float("nan"),
+            "status": "diverged",
+            "trial_id": list("abcd"),
+        }
+    ).to_csv(d / "sweep_results.csv", index=False)
     _refused(_hpt("transfer", "--study-dir", d), "no trial has status ok", "lower the LR grid")
 
 
@@ -180,9 +229,16 @@ def test_resume_with_a_plan_for_another_model(tmp_path):
     from hptransfer.plan import TargetShape, TransferPlan, save_plan
 
     spec = parse_spec(tiny_spec_dict())
-    plan = TransferPlan(study="tiny", rule="mup", model=spec.model, base_width=16,
-                        target=TargetShape(width=64, steps=4, batch_size=8, seq_len=16),
-                        hyperparameters={"lr": 0.01}, data=spec.data, train=spec.train)
+    plan = TransferPlan(
+        study="tiny",
+        rule="mup",
+        model=spec.model,
+        base_width=16,
+        target=TargetShape(width=64, steps=4, batch_size=8, seq_len=16),
+        hyperparameters={"lr": 0.01},
+        data=spec.data,
+        train=spec.train,
+    )
     study = Study(None, tmp_path, name="tiny")
     save_plan(plan.model_copy(update={"target": plan.target.model_copy(update={"width": 128})}), study.paths.train.plan)
     study.paths.train.ray_experiment.mkdir(parents=True)  # a checkpointed run of the 128-wide model
@@ -204,11 +260,11 @@ def test_bad_plan_and_bad_spec_name_every_problem(tmp_path):
 def test_run_when_every_trial_diverges(tmp_path):
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump(tiny_spec_dict(name="diverge", sweep={"grid": {"lr": [1e30, 1e31]}, "steps": 3})))
-    _refused(_hpt("run", spec, "--study-dir", tmp_path / "st", "--skip-coord-check", timeout=600),
-             "no trial has status ok")
+    _refused(_hpt("run", spec, "--study-dir", tmp_path / "st", "--skip-coord-check", timeout=600), "no trial has status ok")
 
 
 # --- the Python API, and one tracking store for every stage ----------------------------------------
+
 
 @pytest.mark.slow
 def test_python_api_every_stage_logs_to_the_resolved_store(tmp_path, monkeypatch):
@@ -233,6 +289,7 @@ def test_python_api_every_stage_logs_to_the_resolved_store(tmp_path, monkeypatch
     assert study.report().is_file()
     assert not study.paths.mlflow_db.exists()  # nothing went to the default store
     runs = mlflow.MlflowClient(store).search_runs(
-        [mlflow.MlflowClient(store).get_experiment_by_name("api").experiment_id], max_results=100)
+        [mlflow.MlflowClient(store).get_experiment_by_name("api").experiment_id], max_results=100
+    )
     kinds = sorted(r.data.tags.get("hpt.kind") for r in runs)
     assert kinds == ["sweep", "train"] + ["trial"] * 6

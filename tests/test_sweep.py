@@ -7,10 +7,10 @@ import mlflow
 import pandas as pd
 import pytest
 
+from hptransfer.spec import parse_spec
 from hptransfer.study import Study
 
 from conftest import tiny_spec_dict
-from hptransfer.spec import parse_spec
 
 pytestmark = pytest.mark.slow
 

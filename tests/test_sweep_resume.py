@@ -11,9 +11,9 @@ import time
 import mlflow
 import pandas as pd
 import pytest
+import yaml
 
 from hptransfer.study import Study
-import yaml
 
 from conftest import tiny_spec_dict
 
@@ -31,8 +31,9 @@ def test_resume_after_sigkill_of_the_driver(tmp_path):
     spec_path.write_text(yaml.safe_dump(spec))
     study = tmp_path / "study"
     # Run 1 in its own session so the kill takes the driver and the Ray it started, like a node crash.
-    p = subprocess.Popen(_sweep_cmd(spec_path, study), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        _sweep_cmd(spec_path, study), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     finished_before, deadline = set(), time.time() + 300
     for line in p.stdout:
         m = LINE.search(line)
@@ -70,9 +71,20 @@ def test_asha_stops_poor_trials_and_marks_them(ray_local, tmp_path):
     from hptransfer.sweep.runner import run_sweep
 
     # Good LRs first so the poor ones meet a populated rung and get cut.
-    spec = parse_spec(tiny_spec_dict(name="asha", sweep={
-        "widths": [16, 32], "grid": {"lr": [0.03, 0.01, 1e-6, 3e-6, 1e-5]}, "steps": 40, "reports": 4,
-        "scheduler": "asha", "asha_grace_fraction": 0.25, "asha_reduction_factor": 3}))
+    spec = parse_spec(
+        tiny_spec_dict(
+            name="asha",
+            sweep={
+                "widths": [16, 32],
+                "grid": {"lr": [0.03, 0.01, 1e-6, 3e-6, 1e-5]},
+                "steps": 40,
+                "reports": 4,
+                "scheduler": "asha",
+                "asha_grace_fraction": 0.25,
+                "asha_reduction_factor": 3,
+            },
+        )
+    )
     df, _ = run_sweep(Study.from_spec(spec, tmp_path))
     stopped = df[df.status == "stopped"]
     assert len(stopped) >= 1, df[["width", "lr", "status", "steps_done"]]
@@ -116,7 +128,7 @@ def test_the_sweep_measures_its_own_noise_at_each_best_point(ray_local, tmp_path
     study = Study.from_spec(spec, tmp_path)
     df, _ = run_sweep(study)
     assert len(df) == 2 * 2 + 2 * 2 and df.replicate.sum() == 4
-    for w, g in df.groupby("width"):
+    for _, g in df.groupby("width"):
         best_lr = g[~g.replicate].sort_values("val_loss").lr.iloc[0]
         reps = g[g.replicate]
         assert set(reps.seed) == {1, 2} and (reps.lr == best_lr).all()  # new seeds, at the best grid point

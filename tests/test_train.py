@@ -12,22 +12,33 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_spec_dict
-from hptransfer.spec import parse_spec
 from hptransfer.plan import TargetShape, TransferPlan
+from hptransfer.spec import parse_spec
 from hptransfer.study import Study
+
+from conftest import tiny_spec_dict
 
 pytestmark = pytest.mark.slow
 STEPS = 60
 
 
 def _plan(**train) -> TransferPlan:
-    spec = parse_spec(tiny_spec_dict(model={"family": "llama", "head_dim": 16, "seq_len": 32, "depth": 2},
-                                     train={"checkpoint_every": 5, "eval_every": 30, **train}))
-    return TransferPlan(study="train-test", rule="mup", model=spec.model, base_width=32,
-                        target=TargetShape(width=128, steps=STEPS, batch_size=8, seq_len=32),
-                        hyperparameters={"lr": 0.01, "weight_decay": 0.1, "warmup_steps": 5}, data=spec.data,
-                        train=spec.train)
+    spec = parse_spec(
+        tiny_spec_dict(
+            model={"family": "llama", "head_dim": 16, "seq_len": 32, "depth": 2},
+            train={"checkpoint_every": 5, "eval_every": 30, **train},
+        )
+    )
+    return TransferPlan(
+        study="train-test",
+        rule="mup",
+        model=spec.model,
+        base_width=32,
+        target=TargetShape(width=128, steps=STEPS, batch_size=8, seq_len=32),
+        hyperparameters={"lr": 0.01, "weight_decay": 0.1, "warmup_steps": 5},
+        data=spec.data,
+        train=spec.train,
+    )
 
 
 def run_train(plan: TransferPlan, root: Path, **kw) -> dict:
@@ -107,6 +118,7 @@ def test_killed_worker_restarts_from_checkpoint_and_matches(uninterrupted, tmp_p
 
 def test_stopped_run_continues_with_resume(uninterrupted, tmp_path):
     from hptransfer.errors import PlanError
+
     _, ref = uninterrupted
     killed = []
     watcher = threading.Thread(target=_kill_rank1_after_first_checkpoint, args=(tmp_path, killed), daemon=True)

@@ -2,17 +2,25 @@
 
 import pytest
 
-from conftest import tiny_spec_dict
+from hptransfer.plan import TargetShape, TransferPlan
 from hptransfer.spec import parse_spec
 from hptransfer.train.dsconfig import PlanError, deepspeed_config, micro_batching
-from hptransfer.plan import TargetShape, TransferPlan
+
+from conftest import tiny_spec_dict
 
 
 def _plan(**train):
     spec = parse_spec(tiny_spec_dict(train=train))
-    return TransferPlan(study="t", rule="mup", model=spec.model, base_width=16,
-                        target=TargetShape(width=64, steps=5, batch_size=12, seq_len=16),
-                        hyperparameters={"lr": 0.01}, data=spec.data, train=spec.train)
+    return TransferPlan(
+        study="t",
+        rule="mup",
+        model=spec.model,
+        base_width=16,
+        target=TargetShape(width=64, steps=5, batch_size=12, seq_len=16),
+        hyperparameters={"lr": 0.01},
+        data=spec.data,
+        train=spec.train,
+    )
 
 
 @pytest.mark.parametrize("batch,workers,max_micro,expect", [(12, 2, None, (6, 1)), (12, 3, 2, (2, 2)), (16, 4, 3, (2, 2))])

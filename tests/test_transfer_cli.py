@@ -2,20 +2,20 @@
 DeepSpeed's and Hugging Face's own config classes."""
 
 import json
-import tomllib
 
 import numpy as np
 import pandas as pd
 import pytest
+import tomllib
 import typer
 import yaml
 from typer.testing import CliRunner
 
-from hptransfer.transfer import cli as transfer_cli
 from hptransfer.pipeline import transfer_stage
-from hptransfer.study import Study
-from hptransfer.transfer.exports import deepspeed_config, hf_training_args
 from hptransfer.plan import load_plan
+from hptransfer.study import Study
+from hptransfer.transfer import cli as transfer_cli
+from hptransfer.transfer.exports import deepspeed_config, hf_training_args
 from hptransfer.transfer.synthetic import synthetic_sweep
 
 app = typer.Typer()
@@ -27,8 +27,7 @@ GRID = list(np.geomspace(1e-4, 1e-1, 13))
 
 
 def sweep_table(widths=(32, 64, 128)) -> pd.DataFrame:
-    df = synthetic_sweep(list(widths), GRID, nu_inf=3e-3, noise=0.003, seeds=(0, 1),
-                         diverge_above=lambda n: 3e-2)
+    df = synthetic_sweep(list(widths), GRID, nu_inf=3e-3, noise=0.003, seeds=(0, 1), diverge_above=lambda n: 3e-2)
     df["weight_decay"] = 0.1
     df["trial_id"] = [f"t{i}" for i in range(len(df))]  # extra columns are ignored
     df["wall_s"] = 1.0
@@ -51,11 +50,30 @@ def test_standalone_transfer_on_a_table(tmp_path, fmt):
     df = sweep_table()
     df.to_csv(path, index=False) if fmt == "csv" else df.to_parquet(path)
     out = tmp_path / "plan.yaml"
-    r = run("transfer", "--results", path, "--rule", "mup-independent-wd", "--target-width", 1024,
-            "--family", "mlp", "--target-batch-size", 64, "--out", out)
+    r = run(
+        "transfer",
+        "--results",
+        path,
+        "--rule",
+        "mup-independent-wd",
+        "--target-width",
+        1024,
+        "--family",
+        "mlp",
+        "--target-batch-size",
+        64,
+        "--out",
+        out,
+    )
     assert r.exit_code == 0, r.output
-    for text in ("optimum by width", "fast transfer", "predicted transfer penalty", "adam-sqrt-batch-lr",
-                 "deepseek baseline lr", "plan written to"):
+    for text in (
+        "optimum by width",
+        "fast transfer",
+        "predicted transfer penalty",
+        "adam-sqrt-batch-lr",
+        "deepseek baseline lr",
+        "plan written to",
+    ):
         assert text in r.output
     plan = load_plan(out)
     assert plan.rule == "mup-independent-wd" and plan.target.width == 1024 and plan.target.batch_size == 64
@@ -72,17 +90,29 @@ def _write(tmp_path, df):
     return p
 
 
-@pytest.mark.parametrize("mutate, expected", [
-    (lambda d: d.drop(columns=["status"]), "missing column(s) ['status']"),
-    (lambda d: d.rename(columns={"lr": "learning_rate"}), "no hyperparameter column varies"),
-    (lambda d: d[d["width"] == 32], "only one width"),
-    (lambda d: d.assign(val_loss=np.nan), "no trial has status ok and a finite val_loss"),
-    (lambda d: d.assign(status="done"), "unknown value(s) ['done']"),
-    (lambda d: d.assign(width=d["width"] + 0.5), "column `width` must hold positive integers"),
-])
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda d: d.drop(columns=["status"]), "missing column(s) ['status']"),
+        (lambda d: d.rename(columns={"lr": "learning_rate"}), "no hyperparameter column varies"),
+        (lambda d: d[d["width"] == 32], "only one width"),
+        (lambda d: d.assign(val_loss=np.nan), "no trial has status ok and a finite val_loss"),
+        (lambda d: d.assign(status="done"), "unknown value(s) ['done']"),
+        (lambda d: d.assign(width=d["width"] + 0.5), "column `width` must hold positive integers"),
+    ],
+)
 def test_bad_tables_exit_2_with_a_clear_message(tmp_path, mutate, expected):
-    r = run("transfer", "--results", _write(tmp_path, mutate(sweep_table())), "--rule", "mup",
-            "--target-width", 512, "--family", "mlp")
+    r = run(
+        "transfer",
+        "--results",
+        _write(tmp_path, mutate(sweep_table())),
+        "--rule",
+        "mup",
+        "--target-width",
+        512,
+        "--family",
+        "mlp",
+    )
     assert r.exit_code == 2
     assert expected in r.output.replace("\n", " ")
 
@@ -108,10 +138,20 @@ def test_bad_invocations_exit_2(tmp_path):
 def make_study(tmp_path, rule="mup"):
     d = tmp_path / "study"
     d.mkdir()
-    spec = {"name": "quick", "model": {"family": "mlp", "parametrization": "sp" if rule == "sp-warmup" else "mup"},
-            "sweep": {"widths": [32, 64, 128], "grid": {"lr": [float(v) for v in GRID]}, "fixed": {"weight_decay": 0.1, "warmup_steps": 10},
-                      "steps": 100, "batch_size": 16, "seeds": [0, 1]},
-            "transfer": {"rule": rule}, "target": {"width": 512, "steps": 400}}
+    spec = {
+        "name": "quick",
+        "model": {"family": "mlp", "parametrization": "sp" if rule == "sp-warmup" else "mup"},
+        "sweep": {
+            "widths": [32, 64, 128],
+            "grid": {"lr": [float(v) for v in GRID]},
+            "fixed": {"weight_decay": 0.1, "warmup_steps": 10},
+            "steps": 100,
+            "batch_size": 16,
+            "seeds": [0, 1],
+        },
+        "transfer": {"rule": rule},
+        "target": {"width": 512, "steps": 400},
+    }
     (d / "spec.yaml").write_text(yaml.safe_dump(spec))
     sweep_table().drop(columns=["weight_decay"]).to_csv(d / "sweep_results.csv", index=False)
     return d

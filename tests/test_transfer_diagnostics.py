@@ -25,7 +25,7 @@ WIDTHS = [32, 64, 128, 256, 512]
 @pytest.mark.parametrize("alpha", [0.3, 0.52, 1.1])
 def test_loss_law_recovers_alpha(alpha):
     n = np.array(WIDTHS, float)
-    fit = fit_loss_vs_width(n, 3.137 + 13.16 * n ** -alpha)
+    fit = fit_loss_vs_width(n, 3.137 + 13.16 * n**-alpha)
     assert fit["alpha"] == pytest.approx(alpha, rel=1e-3)
     assert fit["phi_inf"] == pytest.approx(3.137, abs=1e-3)
     assert fit["A"] == pytest.approx(13.16, rel=1e-2)
@@ -40,7 +40,7 @@ def test_loss_law_needs_three_widths_and_improvement():
 def test_drift_law_recovers_beta(beta):
     n = np.array(WIDTHS, float)
     x_inf = math.log(3e-3)
-    fit = fit_drift(n, x_inf - 5.0 * n ** -beta)
+    fit = fit_drift(n, x_inf - 5.0 * n**-beta)
     assert fit["drift"] == "fitted"
     assert fit["beta"] == pytest.approx(beta, rel=1e-3)
     assert fit["B"] == pytest.approx(5.0, rel=1e-2)
@@ -61,8 +61,9 @@ def test_log_linear_slope_and_error():
 
 def _diag(df, rule="mup", target=4096):
     fits = optima_by_width(df, ["lr"])
-    return diagnose(fits, ["lr"], LOG_SCALE, rule, "mup", max(fits), target,
-                    transferred={"lr": fits[max(fits)]["lr"].value})  # what `mup` carries over
+    return diagnose(
+        fits, ["lr"], LOG_SCALE, rule, "mup", max(fits), target, transferred={"lr": fits[max(fits)]["lr"].value}
+    )  # what `mup` carries over
 
 
 def test_log_linear_errors_as_given_unless_the_points_scatter_more():
@@ -88,8 +89,9 @@ def test_drift_verdict_abstains_without_four_widths_or_a_clear_interval():
 
 def _diag(df, rule="mup", target=4096):
     fits = optima_by_width(df, ["lr"])
-    return diagnose(fits, ["lr"], LOG_SCALE, rule, "mup", max(fits), target,
-                    transferred={"lr": fits[max(fits)]["lr"].value})  # what `mup` carries over
+    return diagnose(
+        fits, ["lr"], LOG_SCALE, rule, "mup", max(fits), target, transferred={"lr": fits[max(fits)]["lr"].value}
+    )  # what `mup` carries over
 
 
 GRID25 = list(np.geomspace(1e-4, 1e-1, 25))
@@ -122,7 +124,7 @@ def test_fast_and_slow_drift_are_told_apart_when_the_evidence_allows():
     slow_decay = _diag(synthetic_sweep(WIDTHS, GRID25, B=3.0, beta=0.1, alpha=1.0))
     assert slow_decay["drift_verdict"]["verdict"] == "drift" and slow_decay["fast_transfer"] in (False, "undecided")
     # Penalty at the target ≈ κ·(true gap)² (the trend extrapolates the optimum; the rule does not).
-    true_gap = 3.0 * (512 ** -0.1 - 4096 ** -0.1)
+    true_gap = 3.0 * (512**-0.1 - 4096**-0.1)
     assert 0.08 * true_gap**2 / 3 < slow_decay["predicted_penalty"] < 0.08 * true_gap**2 * 3
 
 
@@ -130,8 +132,9 @@ def test_capped_optima_are_bounds_not_evidence_of_drift():
     """Regression (issue 12): when the LR above the optimum diverges at every width, the capped optima
     had a bootstrap SE of ~1e-15, the trend fit weighted them 1e30 and any slope > 0.05 read as
     drift (β = 4). Here the stability edge moves a little with width; the optimum does not."""
-    df = synthetic_sweep(WIDTHS, GRID25, nu_inf=3e-2, noise=0.003, seeds=(0, 1, 2),
-                         diverge_above=lambda n: 1.1e-2 * (n / 32) ** -0.15, rng_seed=4)
+    df = synthetic_sweep(
+        WIDTHS, GRID25, nu_inf=3e-2, noise=0.003, seeds=(0, 1, 2), diverge_above=lambda n: 1.1e-2 * (n / 32) ** -0.15, rng_seed=4
+    )
     d = _diag(df)
     assert set(d["censored_widths"]["lr"].values()) == {"lower"} and d["usable_widths"] == []
     assert d["drift_verdict"]["verdict"] == "undecided" and d["fast_transfer"] == "undecided"
@@ -168,8 +171,7 @@ def test_warnings_edge_few_widths_nonconvex_divergence():
     text = " | ".join(d["warnings"])
     assert "grid edge; extend sweep.grid.lr" in text
     assert "only 2 widths" in text and d["fast_transfer"] == "undecided"
-    df = synthetic_sweep([32, 64, 128], list(np.geomspace(1e-4, 1e-1, 13)), nu_inf=2e-2,
-                         diverge_above=lambda n: 1.1e-2)
+    df = synthetic_sweep([32, 64, 128], list(np.geomspace(1e-4, 1e-1, 13)), nu_inf=2e-2, diverge_above=lambda n: 1.1e-2)
     text = " | ".join(_diag(df)["warnings"])
     assert "diverged" in text and "stability edge" in text
     bumpy = synthetic_sweep([32, 64, 128], list(np.geomspace(1e-4, 1e-1, 13)))
@@ -198,10 +200,10 @@ def test_the_plan_predicts_the_target_loss_with_an_interval():
     grid = np.geomspace(1e-3, 1e-1, 9)
     fits = {}
     for w in (32, 64, 128, 256):
-        best = 2.0 + 8.0 * w ** -0.5
+        best = 2.0 + 8.0 * w**-0.5
         loss = best + 0.08 * (np.log(grid) - np.log(1e-2)) ** 2
         fits[w] = {"lr": fit_optimum(np.repeat(grid, 2), np.repeat(loss, 2) + np.tile([0.01, -0.01], 9), True)}
     d = diagnose(fits, ["lr"], {"lr"}, "mup", "mup", 256, 1024)
     lo, hi = d["predicted_target_loss_interval"]
-    assert lo < 2.0 + 8.0 * 1024 ** -0.5 < hi and hi - lo < 0.2
+    assert lo < 2.0 + 8.0 * 1024**-0.5 < hi and hi - lo < 0.2
     assert d["ladder_best_loss"] == pytest.approx(min(f["lr"].best_loss for f in fits.values()), abs=0.05)

@@ -61,11 +61,24 @@ def _lm_spec(**dp):
 
     from conftest import tiny_spec_dict
 
-    return parse_spec(tiny_spec_dict(
-        name="dp-lm", model={"family": "mlp", "depth": 1, "seq_len": 16}, transfer={"rule": "dp"},
-        target={"width": 32, "steps": 7, "batch_size": 8},
-        dp={"epsilon": 2.0, "delta": 1e-4, "dataset_size": 2048, "epochs": 2, "batch_sizes": [64, 256],
-            "min_steps": 8, "accountant": "rdp", **dp}))
+    return parse_spec(
+        tiny_spec_dict(
+            name="dp-lm",
+            model={"family": "mlp", "depth": 1, "seq_len": 16},
+            transfer={"rule": "dp"},
+            target={"width": 32, "steps": 7, "batch_size": 8},
+            dp={
+                "epsilon": 2.0,
+                "delta": 1e-4,
+                "dataset_size": 2048,
+                "epochs": 2,
+                "batch_sizes": [64, 256],
+                "min_steps": 8,
+                "accountant": "rdp",
+                **dp,
+            },
+        )
+    )
 
 
 def _sweep():
@@ -103,11 +116,18 @@ def test_null_dataset_size_is_the_number_of_private_sequences():
     assert plan.dp["sample_rate"] == pytest.approx(plan.target.batch_size / n)
 
 
-@pytest.mark.parametrize("dp, where, text", [
-    ({"dataset_size": None, "delta": 0.01, "batch_sizes": [1024]}, "dp.delta", "must be < 1/dataset_size"),
-    ({"dataset_size": None, "delta": 1e-6, "epochs": 0.01, "batch_sizes": [1024], "min_steps": 50}, "", "min_steps=50 exceeds"),
-    ({"epsilon": 1e-7, "batch_sizes": [2048], "min_steps": 1}, "", "no noise multiplier"),
-])
+@pytest.mark.parametrize(
+    "dp, where, text",
+    [
+        ({"dataset_size": None, "delta": 0.01, "batch_sizes": [1024]}, "dp.delta", "must be < 1/dataset_size"),
+        (
+            {"dataset_size": None, "delta": 1e-6, "epochs": 0.01, "batch_sizes": [1024], "min_steps": 50},
+            "",
+            "min_steps=50 exceeds",
+        ),
+        ({"epsilon": 1e-7, "batch_sizes": [2048], "min_steps": 1}, "", "no noise multiplier"),
+    ],
+)
 def test_bad_budgets_are_dp_errors_naming_the_fix(dp, where, text):
     from hptransfer.errors import DPError
 

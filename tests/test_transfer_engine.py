@@ -37,7 +37,7 @@ def test_two_tuned_hyperparameters_are_each_recovered():
     for w in (32, 64, 128):
         for lr in GRID[3:10]:
             for wd in (0.01, 0.03, 0.1, 0.3, 1.0):
-                loss = 2 + 0.08 * math.log(lr / 3e-3) ** 2 + 0.05 * math.log(wd / 0.1) ** 2 + w ** -0.5
+                loss = 2 + 0.08 * math.log(lr / 3e-3) ** 2 + 0.05 * math.log(wd / 0.1) ** 2 + w**-0.5
                 rows.append({"width": w, "lr": lr, "weight_decay": wd, "seed": 0, "val_loss": loss, "status": "ok"})
     df = pd.DataFrame(rows)
     plan = make_plan(standalone_spec(df, rule="mup", target_width=512, model={"family": "mlp"}), df)

@@ -23,9 +23,12 @@ PARAM = {"sp-warmup": "sp"}  # the parametrization each rule is meant for (defau
 
 def evidence(rule, slope=-0.5, wd=0.1, warmup=10.0):
     """Optima on an exact power law lr*(n) = 4e-3·(n/32)^slope."""
-    return Evidence(optima={w: {"lr": 4e-3 * (w / 32) ** slope} for w in WIDTHS},
-                    fixed={"weight_decay": wd, "warmup_steps": warmup}, base_width=32,
-                    parametrization=PARAM.get(rule, "mup"))
+    return Evidence(
+        optima={w: {"lr": 4e-3 * (w / 32) ** slope} for w in WIDTHS},
+        fixed={"weight_decay": wd, "warmup_steps": warmup},
+        base_width=32,
+        parametrization=PARAM.get(rule, "mup"),
+    )
 
 
 def target(width, batch=16, steps=100, **kw):
@@ -64,19 +67,20 @@ def test_batch_and_steps_heuristics_are_applied_and_flagged(rule):
     assert {h["name"] for h in big.heuristics} >= {"adam-sqrt-batch-lr", "warmup-fraction"}
     assert all(h["kind"] == "heuristic" and h["source"] for h in big.heuristics)
     if rule in ("mup-independent-wd", "sp-warmup"):  # η·λ held constant
-        assert (big.hyperparameters["lr"] * big.hyperparameters["weight_decay"]
-                == pytest.approx(same.hyperparameters["lr"] * same.hyperparameters["weight_decay"]))
+        assert big.hyperparameters["lr"] * big.hyperparameters["weight_decay"] == pytest.approx(
+            same.hyperparameters["lr"] * same.hyperparameters["weight_decay"]
+        )
     else:
         assert big.hyperparameters["weight_decay"] == same.hyperparameters["weight_decay"]
 
 
 @pytest.mark.parametrize("rule", ALL_RULES)
 def test_plan_serialisation_round_trip(rule, tmp_path):
-    df = synthetic_sweep(WIDTHS, list(np.geomspace(1e-4, 1e-1, 13)), noise=0.003, seeds=(0, 1),
-                         diverge_above=lambda n: 3e-2)
+    df = synthetic_sweep(WIDTHS, list(np.geomspace(1e-4, 1e-1, 13)), noise=0.003, seeds=(0, 1), diverge_above=lambda n: 3e-2)
     df["weight_decay"] = 0.1
-    spec = standalone_spec(df, rule=rule, target_width=1024, target_batch_size=32,
-                           model={"family": "mlp", "parametrization": PARAM.get(rule, "mup")})
+    spec = standalone_spec(
+        df, rule=rule, target_width=1024, target_batch_size=32, model={"family": "mlp", "parametrization": PARAM.get(rule, "mup")}
+    )
     plan = make_plan(spec, df, {"mlflow_run_id": "abc"})
     path = save_plan(plan, tmp_path / "transfer_plan.yaml")
     back = load_plan(path)
@@ -95,10 +99,10 @@ GRID = list(np.geomspace(1e-4, 1e-1, 13))
 @pytest.mark.parametrize("rule", ALL_RULES)
 def test_each_rule_recovers_a_width_invariant_optimum(rule):
     """µP's promise: ν* the same at every width. Noise, 3 seeds, everything above 2e-2 diverges."""
-    df = synthetic_sweep([32, 64, 128, 256], GRID, nu_inf=3e-3, noise=0.004, seeds=(0, 1, 2),
-                         diverge_above=lambda n: 2e-2, rng_seed=7)
-    spec = standalone_spec(df, rule=rule, target_width=2048,
-                           model={"family": "mlp", "parametrization": PARAM.get(rule, "mup")})
+    df = synthetic_sweep(
+        [32, 64, 128, 256], GRID, nu_inf=3e-3, noise=0.004, seeds=(0, 1, 2), diverge_above=lambda n: 2e-2, rng_seed=7
+    )
+    spec = standalone_spec(df, rule=rule, target_width=2048, model={"family": "mlp", "parametrization": PARAM.get(rule, "mup")})
     plan = make_plan(spec, df)
     assert abs(math.log(plan.hyperparameters["lr"] / 3e-3)) < 0.25  # within ~25%; grid step is ×1.78
     assert plan.diagnostics["trials_by_width"]["32"]["diverged"] > 0
@@ -106,8 +110,17 @@ def test_each_rule_recovers_a_width_invariant_optimum(rule):
 
 def test_power_law_recovers_a_drifting_optimum_that_mup_misses():
     truth = true_optimum(4096, 3e-3, power=-0.5, n0=64)
-    df = synthetic_sweep([32, 64, 128, 256, 512], GRID, nu_inf=3e-3, power=-0.5, n0=64, noise=0.003,
-                         seeds=(0, 1, 2), diverge_above=lambda n: 5e-2, rng_seed=3)
+    df = synthetic_sweep(
+        [32, 64, 128, 256, 512],
+        GRID,
+        nu_inf=3e-3,
+        power=-0.5,
+        n0=64,
+        noise=0.003,
+        seeds=(0, 1, 2),
+        diverge_above=lambda n: 5e-2,
+        rng_seed=3,
+    )
     errs = {}
     for rule in ("power-law", "mup"):
         plan = make_plan(standalone_spec(df, rule=rule, target_width=4096, model={"family": "mlp"}), df)
@@ -118,6 +131,7 @@ def test_power_law_recovers_a_drifting_optimum_that_mup_misses():
 
 
 # --- rule specifics -------------------------------------------------------------------------------
+
 
 def test_mup_group_multipliers_hold_lr_times_wd_per_group():
     g = group_multipliers("mup", 8.0)
@@ -137,7 +151,7 @@ def test_sp_warmup_schedule_matches_paper3_formula():
     for t in (0, 10, 1000, 5000):  # s_t = (1 + (m² − 1)(1 − ηλ)^{2t})^{−1/2}
         assert warmup_multiplier(t, plan) == pytest.approx((1 + (m * m - 1) * (1 - eta_lambda) ** (2 * t)) ** -0.5)
     assert warmup_multiplier(0, plan) == pytest.approx(1 / m)
-    assert warmup_multiplier(s["steps_to_half"], plan) == pytest.approx(2 ** -0.5)
+    assert warmup_multiplier(s["steps_to_half"], plan) == pytest.approx(2**-0.5)
     # ≈ ln(m)/(ηλ) steps to reach 1/√2 (paper 3), up to the ln(m² − 1) vs 2 ln m difference
     assert s["steps_to_half"] == pytest.approx(math.log(m) / eta_lambda, rel=0.1)
     vals = [sp_warmup_factor(t, m, s["timescale"]) for t in range(0, 20_000, 500)]
@@ -156,8 +170,9 @@ def test_sp_warmup_timescale_parameter_and_zero_wd_fallback():
 def test_rules_warn_on_the_wrong_parametrization():
     ev_sp = Evidence(optima={32: {"lr": 1e-3}, 64: {"lr": 1e-3}}, fixed={}, base_width=32, parametrization="sp")
     assert any("not µP" in w for w in RULES["mup"](ev_sp, target(256)).warnings)
-    ev_mup = Evidence(optima={32: {"lr": 1e-3}, 64: {"lr": 1e-3}}, fixed={"weight_decay": 0.1}, base_width=32,
-                      parametrization="mup")
+    ev_mup = Evidence(
+        optima={32: {"lr": 1e-3}, 64: {"lr": 1e-3}}, fixed={"weight_decay": 0.1}, base_width=32, parametrization="mup"
+    )
     assert any("µP already" in w for w in RULES["sp-warmup"](ev_mup, target(256)).warnings)
 
 
@@ -184,9 +199,14 @@ def test_mup_standard_wd_keeps_weight_decay_coupled_so_eta_lambda_shrinks():
 
 
 def _ev_noisy(optima, se=0.05, censored=None):
-    return Evidence(optima={w: {"lr": v} for w, v in optima.items()}, fixed={"weight_decay": 0.1}, base_width=32,
-                    parametrization="mup", log_se={w: {"lr": se} for w in optima},
-                    censored={w: {"lr": c} for w, c in (censored or {}).items()})
+    return Evidence(
+        optima={w: {"lr": v} for w, v in optima.items()},
+        fixed={"weight_decay": 0.1},
+        base_width=32,
+        parametrization="mup",
+        log_se={w: {"lr": se} for w in optima},
+        censored={w: {"lr": c} for w, c in (censored or {}).items()},
+    )
 
 
 def test_power_law_leaves_censored_widths_out_of_the_fit():

@@ -23,10 +23,17 @@ app = typer.Typer(
 
 SPEC = typer.Argument(..., exists=False, help="Study spec YAML (see search_spaces/).")
 STUDY_DIR = typer.Option(None, "--study-dir", "-o", help="Study folder for results. Default: studies/<spec name>.")
-TRACKING = typer.Option(None, "--tracking-uri", help="MLflow tracking URI (an `mlflow server` URL or sqlite:///...). "
-                        "Default: spec's tracking.uri, else $MLFLOW_TRACKING_URI, else sqlite:///<study-dir>/mlflow.db.")
-ADDRESS = typer.Option(None, "--address", help="Existing Ray cluster address (e.g. ray://head:10001 or auto). "
-                       "Default: start a local Ray with the spec's ray.num_cpus.")
+TRACKING = typer.Option(
+    None,
+    "--tracking-uri",
+    help="MLflow tracking URI (an `mlflow server` URL or sqlite:///...). "
+    "Default: spec's tracking.uri, else $MLFLOW_TRACKING_URI, else sqlite:///<study-dir>/mlflow.db.",
+)
+ADDRESS = typer.Option(
+    None,
+    "--address",
+    help="Existing Ray cluster address (e.g. ray://head:10001 or auto). Default: start a local Ray with the spec's ray.num_cpus.",
+)
 
 
 def _study(spec: Path, study_dir: Path | None = None, tracking_uri: str | None = None, address: str | None = None):
@@ -38,8 +45,15 @@ def _study(spec: Path, study_dir: Path | None = None, tracking_uri: str | None =
 
 
 @app.callback()
-def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show on the console everything Ray, Ray Train, "
-                                      "DeepSpeed and MLflow print; by default it goes only to <study-dir>/hpt.log.")):
+def main(
+    verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        "-v",
+        help="Show on the console everything Ray, Ray Train, "
+        "DeepSpeed and MLflow print; by default it goes only to <study-dir>/hpt.log.",
+    ),
+):
     from hptransfer import logs
 
     logs.set_verbose(verbose)
@@ -50,15 +64,24 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Show on th
 def validate(spec: Path = SPEC):
     """Check a study spec; print every problem at once (YAML path, bad value, what is allowed). Exit 2 if invalid."""
     s = _study(spec).spec
-    console.print(f"[green]ok[/green] {escape(str(spec))}: " + escape(
-        f"study {s.name!r}, {s.model.family}/{s.model.parametrization}, widths {s.sweep.widths} → target "
-        f"{s.target.width}, grid {dict(s.sweep.grid)}, {s.sweep.n_trials} trials, rule {s.transfer.rule}"))
+    console.print(
+        f"[green]ok[/green] {escape(str(spec))}: "
+        + escape(
+            f"study {s.name!r}, {s.model.family}/{s.model.parametrization}, widths {s.sweep.widths} → target "
+            f"{s.target.width}, grid {dict(s.sweep.grid)}, {s.sweep.n_trials} trials, rule {s.transfer.rule}"
+        )
+    )
 
 
 @app.command("coord-check")
 @user_errors
-def coord_check_cmd(spec: Path = SPEC, study_dir: Optional[Path] = STUDY_DIR,
-                    widths: Optional[str] = typer.Option(None, help="Comma-separated widths. Default: spec's coord_check.widths or the sweep ladder.")):
+def coord_check_cmd(
+    spec: Path = SPEC,
+    study_dir: Optional[Path] = STUDY_DIR,
+    widths: Optional[str] = typer.Option(
+        None, help="Comma-separated widths. Default: spec's coord_check.widths or the sweep ladder."
+    ),
+):
     """Train a few Adam steps at each width and check that activation sizes stay flat (µP) or not (SP).
     Writes coord_check.png and coord_check.json; exits 1 when activations change with width."""
     from hptransfer.coordcheck import describe
@@ -77,9 +100,15 @@ def coord_check_cmd(spec: Path = SPEC, study_dir: Optional[Path] = STUDY_DIR,
 
 @app.command()
 @user_errors
-def sweep(spec: Path = SPEC, study_dir: Optional[Path] = STUDY_DIR, tracking_uri: Optional[str] = TRACKING,
-          address: Optional[str] = ADDRESS,
-          restart: bool = typer.Option(False, "--restart", help="Start the sweep over; the previous one is moved to STUDY_DIR/replaced/ (never deleted).")):
+def sweep(
+    spec: Path = SPEC,
+    study_dir: Optional[Path] = STUDY_DIR,
+    tracking_uri: Optional[str] = TRACKING,
+    address: Optional[str] = ADDRESS,
+    restart: bool = typer.Option(
+        False, "--restart", help="Start the sweep over; the previous one is moved to STUDY_DIR/replaced/ (never deleted)."
+    ),
+):
     """Run widths × hyperparameter grid × seeds as Ray Tune trials. Writes sweep_results.csv and sweep.png
     and logs a parent MLflow run with one child per trial. Re-running resumes an interrupted sweep."""
     from hptransfer.pipeline import sweep_stage
@@ -91,14 +120,30 @@ def sweep(spec: Path = SPEC, study_dir: Optional[Path] = STUDY_DIR, tracking_uri
 
 @app.command()
 @user_errors
-def train(plan: Path = typer.Argument(..., help="transfer_plan.yaml written by `hpt transfer`."),
-          study_dir: Optional[Path] = typer.Option(None, "--study-dir", "-o", help="Default: the plan's folder."),
-          tracking_uri: Optional[str] = TRACKING, address: Optional[str] = ADDRESS,
-          workers: Optional[int] = typer.Option(None, min=1, help="Ray Train workers (DeepSpeed ranks). Default: the plan's train.workers."),
-          gpus_per_worker: Optional[float] = typer.Option(None, "--gpus-per-worker", min=0, help="GPUs per worker (NCCL and bf16 when > 0). Default: the plan's train.gpus_per_worker."),
-          cpus_per_worker: Optional[float] = typer.Option(None, "--cpus-per-worker", min=0.01, help="CPUs per worker (also its torch threads). Default: the plan's."),
-          resume: bool = typer.Option(False, "--resume", help="Continue a stopped run from its latest checkpoint (refused if the plan is for another model)."),
-          restart: bool = typer.Option(False, "--restart", help="Start the large run over; the previous one is moved to STUDY_DIR/replaced/ (never deleted).")):
+def train(
+    plan: Path = typer.Argument(..., help="transfer_plan.yaml written by `hpt transfer`."),
+    study_dir: Optional[Path] = typer.Option(None, "--study-dir", "-o", help="Default: the plan's folder."),
+    tracking_uri: Optional[str] = TRACKING,
+    address: Optional[str] = ADDRESS,
+    workers: Optional[int] = typer.Option(
+        None, min=1, help="Ray Train workers (DeepSpeed ranks). Default: the plan's train.workers."
+    ),
+    gpus_per_worker: Optional[float] = typer.Option(
+        None,
+        "--gpus-per-worker",
+        min=0,
+        help="GPUs per worker (NCCL and bf16 when > 0). Default: the plan's train.gpus_per_worker.",
+    ),
+    cpus_per_worker: Optional[float] = typer.Option(
+        None, "--cpus-per-worker", min=0.01, help="CPUs per worker (also its torch threads). Default: the plan's."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue a stopped run from its latest checkpoint (refused if the plan is for another model)."
+    ),
+    restart: bool = typer.Option(
+        False, "--restart", help="Start the large run over; the previous one is moved to STUDY_DIR/replaced/ (never deleted)."
+    ),
+):
     """Train the target model from a plan with Ray Train + DeepSpeed (CPU/gloo here, GPU/NCCL when present).
     The study's MLflow settings come from the plan folder's spec.yaml when there is one."""
     from hptransfer.env import configure
@@ -109,19 +154,33 @@ def train(plan: Path = typer.Argument(..., help="transfer_plan.yaml written by `
     configure()
     p = load_plan(plan)
     study = Study.for_plan(plan, study_dir, tracking_uri=tracking_uri, address=address)
-    metrics = train_stage(study, p, workers=workers, gpus_per_worker=gpus_per_worker, cpus_per_worker=cpus_per_worker,
-                          resume=resume, restart=restart, log=console.print)
+    metrics = train_stage(
+        study,
+        p,
+        workers=workers,
+        gpus_per_worker=gpus_per_worker,
+        cpus_per_worker=cpus_per_worker,
+        resume=resume,
+        restart=restart,
+        log=console.print,
+    )
     console.print(json.dumps(metrics, indent=2, default=str), markup=False)
 
 
 @app.command("dp-sweep")
 @user_errors
-def dp_sweep(spec: Path = SPEC, study_dir: Optional[Path] = STUDY_DIR, tracking_uri: Optional[str] = TRACKING,
-             address: Optional[str] = ADDRESS,
-             epsilons: Optional[str] = typer.Option(None, help="Comma-separated ε values. Default: the spec's dp.epsilon."),
-             lrs: Optional[str] = typer.Option(None, help="Comma-separated learning rates. Default: the spec's dp.lr."),
-             seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds. Default: the spec's sweep.seeds."),
-             restart: bool = typer.Option(False, "--restart", help="Start the DP sweep over; the previous one is moved to STUDY_DIR/replaced/.")):
+def dp_sweep(
+    spec: Path = SPEC,
+    study_dir: Optional[Path] = STUDY_DIR,
+    tracking_uri: Optional[str] = TRACKING,
+    address: Optional[str] = ADDRESS,
+    epsilons: Optional[str] = typer.Option(None, help="Comma-separated ε values. Default: the spec's dp.epsilon."),
+    lrs: Optional[str] = typer.Option(None, help="Comma-separated learning rates. Default: the spec's dp.lr."),
+    seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds. Default: the spec's sweep.seeds."),
+    restart: bool = typer.Option(
+        False, "--restart", help="Start the DP sweep over; the previous one is moved to STUDY_DIR/replaced/."
+    ),
+):
     """DP fine-tuning trials over (ε, batch size, clipping bound, LR) on Ray Tune, on the offline digits
     transfer task: B from each ε's feasible batch sizes, C from its plan's grid. Runs on the main sweep's
     machinery (resume, resource check, progress); writes dp_sweep_results.csv and dp_sweep.png and logs
@@ -136,25 +195,48 @@ def dp_sweep(spec: Path = SPEC, study_dir: Optional[Path] = STUDY_DIR, tracking_
 
     study = _study(spec, study_dir, tracking_uri, address)
     with study.lock():
-        df = run_dp_sweep(study, epsilons=numbers(epsilons, float, "--epsilons"), lrs=numbers(lrs, float, "--lrs"),
-                          seeds=numbers(seeds, int, "--seeds"), restart=restart, log=console.print)
+        df = run_dp_sweep(
+            study,
+            epsilons=numbers(epsilons, float, "--epsilons"),
+            lrs=numbers(lrs, float, "--lrs"),
+            seeds=numbers(seeds, int, "--seeds"),
+            restart=restart,
+            log=console.print,
+        )
     best = df[df.status == "ok"].sort_values("test_accuracy").groupby("epsilon").tail(1)
     console.print("best per ε:\n" + best.to_string(index=False), markup=False)
 
 
 @app.command()
 @user_errors
-def run(spec: Path = SPEC, study_dir: Optional[Path] = STUDY_DIR, tracking_uri: Optional[str] = TRACKING,
-        address: Optional[str] = ADDRESS,
-        restart_sweep: bool = typer.Option(False, "--restart-sweep", help="Start the sweep over (the previous one is moved to STUDY_DIR/replaced/). Default: resume it."),
-        restart_train: bool = typer.Option(False, "--restart-train", help="Start the large run over (the previous one is moved to STUDY_DIR/replaced/). Default: continue it."),
-        skip_coord_check: bool = typer.Option(False, "--skip-coord-check")):
+def run(
+    spec: Path = SPEC,
+    study_dir: Optional[Path] = STUDY_DIR,
+    tracking_uri: Optional[str] = TRACKING,
+    address: Optional[str] = ADDRESS,
+    restart_sweep: bool = typer.Option(
+        False,
+        "--restart-sweep",
+        help="Start the sweep over (the previous one is moved to STUDY_DIR/replaced/). Default: resume it.",
+    ),
+    restart_train: bool = typer.Option(
+        False,
+        "--restart-train",
+        help="Start the large run over (the previous one is moved to STUDY_DIR/replaced/). Default: continue it.",
+    ),
+    skip_coord_check: bool = typer.Option(False, "--skip-coord-check"),
+):
     """The whole pipeline on one Ray: validate → coord-check → sweep → transfer → train → report.
     A re-run resumes each stage (finished trials and checkpoints are kept). Prints where everything is."""
     from hptransfer.pipeline import run_study
 
-    out = run_study(_study(spec, study_dir, tracking_uri, address), restart_sweep=restart_sweep,
-                    restart_train=restart_train, skip_coord_check=skip_coord_check, log=console.print)
+    out = run_study(
+        _study(spec, study_dir, tracking_uri, address),
+        restart_sweep=restart_sweep,
+        restart_train=restart_train,
+        skip_coord_check=skip_coord_check,
+        log=console.print,
+    )
     console.rule("[bold]study done")
     for k in ("study_dir", "results", "plan", "train_metrics", "report", "tracking_uri"):
         console.print(f"{k:>14}: {out[k]}", markup=False)
@@ -165,10 +247,12 @@ def run(spec: Path = SPEC, study_dir: Optional[Path] = STUDY_DIR, tracking_uri: 
 
 @app.command()
 @user_errors
-def status(study_dir: Path = typer.Argument(..., help="A study folder (the study_dir `hpt run` prints)."),
-           tracking_uri: Optional[str] = TRACKING,
-           as_json: bool = typer.Option(False, "--json", help="One JSON object instead of lines, for scripts."),
-           no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Skip listing the MLflow runs (faster; no tracker contact).")):
+def status(
+    study_dir: Path = typer.Argument(..., help="A study folder (the study_dir `hpt run` prints)."),
+    tracking_uri: Optional[str] = TRACKING,
+    as_json: bool = typer.Option(False, "--json", help="One JSON object instead of lines, for scripts."),
+    no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Skip listing the MLflow runs (faster; no tracker contact)."),
+):
     """Where a study stands, from its folder alone (starts nothing): each stage done / running / interrupted,
     the coordinate check's verdict, sweep trials by status, the large run's step, tokens/s and ETA, final
     metrics, where the files are, and the MLflow tracking URI, experiment and run ids."""

@@ -12,15 +12,17 @@ markup, so a study named `[/red]` prints as itself.
 from __future__ import annotations
 
 import functools
-from typing import Callable, NoReturn, TypeVar
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 
 from hptransfer.errors import HptError
 
-console = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+# soft_wrap: a long line stays one line in CI logs and pipes (Rich would wrap at 80 columns there).
+console = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 F = TypeVar("F", bound=Callable)
 

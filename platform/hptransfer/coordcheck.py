@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
@@ -28,8 +27,8 @@ from hptransfer.io import save_figure, write_json
 if TYPE_CHECKING:
     from hptransfer.study import Study
 
-# Modules whose forward returns a plain tensor (attention/decoder layers return tuples).
-_TRACKED = re.compile(r"(embed_tokens|embed|prev_embed|[qkvo]_proj|gate_proj|up_proj|down_proj|hidden\.\d+|layernorm|norm|lm_head)$")
+# Modules whose forward returns a plain tensor (attention/decoder layers return tuples), per family.
+from hptransfer.models.families import COORD_CHECK_MODULES as _TRACKED
 
 
 @dataclass
@@ -93,16 +92,26 @@ def coord_check(study: Study, widths: list[int] | None = None, batch_size: int =
     def factory(w):
         def build():
             # mup builds each width's model just before its steps: one progress line per width
-            logs.progress(f"coord check {widths.index(w) + 1}/{len(widths)}: width {w}, {cc.steps} Adam steps "
-                          f"| {time.time() - t0:.0f}s elapsed")
+            logs.progress(
+                f"coord check {widths.index(w) + 1}/{len(widths)}: width {w}, {cc.steps} Adam steps "
+                f"| {time.time() - t0:.0f}s elapsed"
+            )
             return _LogitsOnly(build_model(m, w, base_width=spec.base_width, hps=hps, seed=seed))
 
         return build
 
     torch.manual_seed(seed)
     df = get_coord_data(
-        {w: factory(w) for w in widths}, batches, optimizer="adam", lr=cc.lr,
-        mup=m.parametrization == "mup", flatten_output=True, nsteps=cc.steps, nseeds=1, cuda=False, show_progress=False,
+        {w: factory(w) for w in widths},
+        batches,
+        optimizer="adam",
+        lr=cc.lr,
+        mup=m.parametrization == "mup",
+        flatten_output=True,
+        nsteps=cc.steps,
+        nseeds=1,
+        cuda=False,
+        show_progress=False,
         filter_module_by_name=lambda name: bool(_TRACKED.search(name)),
     )
     df["module"] = df["module"].str.removeprefix("model.")
@@ -113,14 +122,22 @@ def coord_check(study: Study, widths: list[int] | None = None, batch_size: int =
         slopes[module] = _slope(g.index.to_numpy(dtype=float), g.to_numpy(dtype=float))
     worst = max(slopes, key=lambda k: abs(slopes[k]))
     result = CoordCheckResult(
-        parametrization=m.parametrization, family=m.family, widths=widths, steps=cc.steps,
-        max_slope_allowed=cc.max_slope, slopes=slopes, worst_module=worst,
-        worst_slope=slopes[worst], passed=abs(slopes[worst]) <= cc.max_slope,
+        parametrization=m.parametrization,
+        family=m.family,
+        widths=widths,
+        steps=cc.steps,
+        max_slope_allowed=cc.max_slope,
+        slopes=slopes,
+        worst_module=worst,
+        worst_slope=slopes[worst],
+        passed=abs(slopes[worst]) <= cc.max_slope,
     )
     paths = study.paths
     paths.root.mkdir(parents=True, exist_ok=True)
     fig = plot_coord_data(
-        df, legend=False, suptitle=f"coord check: {m.family}/{m.parametrization}, Adam lr={cc.lr} "
+        df,
+        legend=False,
+        suptitle=f"coord check: {m.family}/{m.parametrization}, Adam lr={cc.lr} "
         f"({'PASS' if result.passed else 'FAIL'}: worst slope {result.worst_slope:.2f} in {worst})",
     )
     result.files = {"plot": str(save_figure(fig, paths.coord_check_png)), "data": str(paths.coord_check_json)}
@@ -130,7 +147,12 @@ def coord_check(study: Study, widths: list[int] | None = None, batch_size: int =
 
 def describe(result: CoordCheckResult) -> str:
     verdict = "PASS (activations flat in width)" if result.passed else "FAIL (activations change with width)"
-    return (f"coord check {result.family}/{result.parametrization} over widths {result.widths}: {verdict}; "
-            f"worst slope {result.worst_slope:.2f} ({result.worst_module}) vs allowed {result.max_slope_allowed}"
-            + ("" if result.passed or math.isnan(result.worst_slope) else
-               "; under SP this is expected — use parametrization: mup or a transfer rule for SP"))
+    return (
+        f"coord check {result.family}/{result.parametrization} over widths {result.widths}: {verdict}; "
+        f"worst slope {result.worst_slope:.2f} ({result.worst_module}) vs allowed {result.max_slope_allowed}"
+        + (
+            ""
+            if result.passed or math.isnan(result.worst_slope)
+            else "; under SP this is expected — use parametrization: mup or a transfer rule for SP"
+        )
+    )

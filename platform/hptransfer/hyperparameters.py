@@ -25,17 +25,43 @@ class Hyperparameters(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    lr: float = _hp(1e-2, "log", "optimizer", "Peak learning rate of AdamW (µP: MuAdamW, hidden matrices get lr/width_mult).", gt=0)
-    weight_decay: float = _hp(0.0, "log", "optimizer", "AdamW weight decay on matrices (not norms or biases); µP scales it ×width_mult on hidden matrices.", ge=0)
+    lr: float = _hp(
+        1e-2, "log", "optimizer", "Peak learning rate of AdamW (µP: MuAdamW, hidden matrices get lr/width_mult).", gt=0
+    )
+    weight_decay: float = _hp(
+        0.0,
+        "log",
+        "optimizer",
+        "AdamW weight decay on matrices (not norms or biases); µP scales it ×width_mult on hidden matrices.",
+        ge=0,
+    )
     warmup_steps: float = _hp(0.0, "linear", "schedule", "Linear warmup steps before the cosine decay to 10% of the peak.", ge=0)
     beta1: float = _hp(0.9, "linear", "optimizer", "Adam β1.", ge=0, lt=1)
     beta2: float = _hp(0.98, "linear", "optimizer", "Adam β2.", ge=0, lt=1)
-    init_std: float = _hp(0.02, "log", "init", "Init std of embeddings and (at the base width) hidden matrices; hidden ones scale ∝ 1/√fan_in.", gt=0)
-    output_mult: float = _hp(1.0, "log", "readout", "Multiplier on the readout's input (µP: MuReadout's output_mult, divided by width_mult; SP: as is).", gt=0)
-    grad_clip: float = _hp(0.0, "linear", "clipping", "Global gradient-norm clipping bound; 0 = off. The large run clips exactly as the sweep did.", ge=0)
+    init_std: float = _hp(
+        0.02,
+        "log",
+        "init",
+        "Init std of embeddings and (at the base width) hidden matrices; hidden ones scale ∝ 1/√fan_in.",
+        gt=0,
+    )
+    output_mult: float = _hp(
+        1.0,
+        "log",
+        "readout",
+        "Multiplier on the readout's input (µP: MuReadout's output_mult, divided by width_mult; SP: as is).",
+        gt=0,
+    )
+    grad_clip: float = _hp(
+        0.0,
+        "linear",
+        "clipping",
+        "Global gradient-norm clipping bound; 0 = off. The large run clips exactly as the sweep did.",
+        ge=0,
+    )
 
     @classmethod
-    def of(cls, *layers: dict[str, Any] | None) -> "Hyperparameters":
+    def of(cls, *layers: dict[str, Any] | None) -> Hyperparameters:
         """Defaults, overlaid by each mapping in turn (e.g. the sweep's fixed values, then a trial's)."""
         merged: dict[str, Any] = {}
         for layer in layers:

@@ -101,6 +101,7 @@ def _adopt_ray_logger() -> None:
 
 # --- Ray workers' output -----------------------------------------------------------------------
 
+
 def _prefix(data: dict) -> str:
     pid = data.get("pid")
     if pid in ("raylet", "autoscaler"):
@@ -130,8 +131,11 @@ def _route(data: dict) -> None:
     for line in lines:
         _workers.info("%s%s", prefix, line)
     if not _state["verbose"]:  # what stays on the console: the raylet (a worker killed, a node lost), autoscaler warnings
-        lines = [ln for ln in lines if data.get("pid") == "raylet"
-                 or (data.get("pid") == "autoscaler" and ("Warning:" in ln or "Error:" in ln))]
+        lines = [
+            ln
+            for ln in lines
+            if data.get("pid") == "raylet" or (data.get("pid") == "autoscaler" and ("Warning:" in ln or "Error:" in ln))
+        ]
     if lines:
         sink = sys.stderr if data.get("is_err") else sys.stdout
         sink.write("".join(f"{prefix}{line}\n" for line in lines))
@@ -161,6 +165,7 @@ def detach_ray() -> None:
 
 # --- our own lines -------------------------------------------------------------------------------
 
+
 def progress(line: str) -> None:
     """A progress line: on the console as plain text (no wrapping, no markup), and in the log file."""
     console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -183,7 +188,7 @@ def follow(path: str | Path, on_line: Callable[[str], None] = progress, every_s:
         with path.open("rb") as f:
             f.seek(offset[0])
             data = f.read()
-        complete = data[:data.rfind(b"\n") + 1]
+        complete = data[: data.rfind(b"\n") + 1]
         offset[0] += len(complete)
         for line in complete.decode("utf-8", "replace").splitlines():
             on_line(line)

@@ -52,12 +52,17 @@ def transfer_stage(study: Study, *, sweep_run_id: str | None = None):
     spec = study.require_spec()
     results = study.paths.sweep_results
     if not results.is_file():
-        raise StudyError(f"{results} not found: no sweep has finished in {study.root}; run `hpt sweep SPEC "
-                         f"--study-dir {study.root}` (or `hpt run SPEC`) first")
+        raise StudyError(
+            f"{results} not found: no sweep has finished in {study.root}; run `hpt sweep SPEC "
+            f"--study-dir {study.root}` (or `hpt run SPEC`) first"
+        )
     table = read_results(results)
     check_results_belong(table, spec, study.sweep_hash, str(results))
-    plan = make_plan(spec, table, provenance={
-        "results_file_hash": file_hash(results), **({"mlflow_sweep_run_id": sweep_run_id} if sweep_run_id else {})})
+    plan = make_plan(
+        spec,
+        table,
+        provenance={"results_file_hash": file_hash(results), **({"mlflow_sweep_run_id": sweep_run_id} if sweep_run_id else {})},
+    )
     with study.lock():
         save_plan(plan, study.paths.plan)
         _log_plan(study, plan)
@@ -76,16 +81,26 @@ def _log_plan(study: Study, plan) -> str | None:
     tracker.log_artifact(study.paths.plan)
     tracker.log_params({"transfer_rule": plan.rule, "target_width": plan.target.width})
     metrics = {f"transfer_{k}": v for k, v in plan.hyperparameters.items()}
-    metrics.update({f"transfer_{k}": d[k] for k in ("predicted_penalty", "predicted_target_loss")
-                    if isinstance(d.get(k), (int, float))})
+    metrics.update(
+        {f"transfer_{k}": d[k] for k in ("predicted_penalty", "predicted_target_loss") if isinstance(d.get(k), (int, float))}
+    )
     if isinstance(d.get("fast_transfer"), bool):
         metrics["transfer_fast"] = float(d["fast_transfer"])
     tracker.log_metrics(metrics)
     return run_id
 
 
-def train_stage(study: Study, plan: Any = None, *, workers: int | None = None, gpus_per_worker: float | None = None,
-                cpus_per_worker: float | None = None, resume: bool = False, restart: bool = False, log=print) -> dict:
+def train_stage(
+    study: Study,
+    plan: Any = None,
+    *,
+    workers: int | None = None,
+    gpus_per_worker: float | None = None,
+    cpus_per_worker: float | None = None,
+    resume: bool = False,
+    restart: bool = False,
+    log=print,
+) -> dict:
     """The large run from a plan (default: the study's own); command-line scale knobs override the
     plan's train settings."""
     from hptransfer.plan import TransferPlan, load_plan
@@ -93,8 +108,11 @@ def train_stage(study: Study, plan: Any = None, *, workers: int | None = None, g
     from hptransfer.transfer.diagnostics import check_target
 
     plan = plan if isinstance(plan, TransferPlan) else load_plan(plan or study.paths.plan)
-    knobs = {k: v for k, v in (("workers", workers), ("gpus_per_worker", gpus_per_worker),
-                               ("cpus_per_worker", cpus_per_worker)) if v is not None}
+    knobs = {
+        k: v
+        for k, v in (("workers", workers), ("gpus_per_worker", gpus_per_worker), ("cpus_per_worker", cpus_per_worker))
+        if v is not None
+    }
     if knobs:
         plan = plan.model_copy(update={"train": plan.train.model_copy(update=knobs)})
     with study.lock():
@@ -105,8 +123,11 @@ def train_stage(study: Study, plan: Any = None, *, workers: int | None = None, g
         else:
             metrics = run_train(study, plan, resume=resume, restart=restart, log=log)
     # A private run is not judged against the non-private ladder's prediction: DP noise costs loss.
-    check = (check_target(plan.diagnostics, metrics.get("val_loss")) if plan.rule != "dp" else
-             {"verdict": "unchecked", "messages": ["DP run: not compared with the non-private ladder's prediction"]})
+    check = (
+        check_target(plan.diagnostics, metrics.get("val_loss"))
+        if plan.rule != "dp"
+        else {"verdict": "unchecked", "messages": ["DP run: not compared with the non-private ladder's prediction"]}
+    )
     metrics["target_check"] = check
     for m in check["messages"]:
         log(("WARNING: " if check["verdict"] not in ("ok", "unchecked") else "target check: ") + m)
@@ -120,8 +141,9 @@ def report_stage(study: Study, *, log=print) -> Path:
         return write_report(study.root, study.tracking_uri, log=log)
 
 
-def run_study(study: Study, *, restart_sweep: bool = False, restart_train: bool = False,
-              skip_coord_check: bool = False, log=print) -> dict:
+def run_study(
+    study: Study, *, restart_sweep: bool = False, restart_train: bool = False, skip_coord_check: bool = False, log=print
+) -> dict:
     """Everything, end to end, on one Ray, holding the study's lock. Returns where things are.
     A re-run resumes: the sweep keeps its finished trials, the large run continues from its latest
     checkpoint (or finds it finished); `restart_sweep` / `restart_train` start that stage over,
@@ -137,8 +159,10 @@ def run_study(study: Study, *, restart_sweep: bool = False, restart_train: bool 
         sweep = sweep_stage(study, restart=restart_sweep, log=log)
         times["sweep_s"] = time.time() - t
         plan = transfer_stage(study, sweep_run_id=sweep.mlflow_run_id)
-        log(f"transfer ({plan.rule}): target width {plan.target.width} gets lr={plan.hps.lr:.4g}"
-            + "".join(f"\n  warning: {w}" for w in plan.diagnostics.get("warnings", [])))
+        log(
+            f"transfer ({plan.rule}): target width {plan.target.width} gets lr={plan.hps.lr:.4g}"
+            + "".join(f"\n  warning: {w}" for w in plan.diagnostics.get("warnings", []))
+        )
         t = time.time()
         # A re-run continues an interrupted large run (or finds it finished) instead of refusing.
         metrics = train_stage(study, plan, resume=not restart_train, restart=restart_train, log=log)
@@ -146,6 +170,13 @@ def run_study(study: Study, *, restart_sweep: bool = False, restart_train: bool 
         report = report_stage(study, log=log)
     times["total_s"] = time.time() - t0
     p = study.paths
-    return {"study_dir": str(study.root), "plan": str(p.plan), "results": str(p.sweep_results),
-            "train_metrics": str(p.train.metrics), "report": str(report), "tracking_uri": study.tracking_uri,
-            "final": {k: metrics.get(k) for k in ("train_loss", "val_loss", "tokens_per_s")}, "times": times}
+    return {
+        "study_dir": str(study.root),
+        "plan": str(p.plan),
+        "results": str(p.sweep_results),
+        "train_metrics": str(p.train.metrics),
+        "report": str(report),
+        "tracking_uri": study.tracking_uri,
+        "final": {k: metrics.get(k) for k in ("train_loss", "val_loss", "tokens_per_s")},
+        "times": times,
+    }

@@ -40,11 +40,23 @@ class TransferPlan(BaseModel):
     model: ModelSpec  # family, depth, parametrization, ... (width comes from `target`)
     base_width: int = Field(ge=1, le=MAX_WIDTH, description="µP base width the target's width_mult is relative to.")
     target: TargetShape
-    hyperparameters: dict[str, float] = Field(description="Target run's lr, weight_decay, warmup_steps, beta1, beta2 (+ any tuned); under µP these are base-width values.")
-    param_group_multipliers: dict[str, dict[str, float]] = Field(default_factory=dict, description="Per parameter group factors on lr / weight_decay set by the rule (µP: hidden matrices lr/m, wd·m); for exports to trainers without `mup`.")
-    schedule: dict[str, Any] | None = Field(None, description="`base`: the LR schedule (linear warmup, cosine to a final fraction); `kind`: a multiplicative warmup on top of it (`sp-warmup`) or `none`; apply with transfer.schedule.warmup_multiplier(step, plan).")
-    heuristics: list[dict[str, Any]] = Field(default_factory=list, description="Rules of thumb applied for a batch/steps change, each with its factor and source.")
-    baselines: dict[str, Any] = Field(default_factory=dict, description="DeepSeek and Step-Law LR/batch for the target, for comparison.")
+    hyperparameters: dict[str, float] = Field(
+        description="Target run's lr, weight_decay, warmup_steps, beta1, beta2 (+ any tuned); under µP these are base-width values."
+    )
+    param_group_multipliers: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="Per parameter group factors on lr / weight_decay set by the rule (µP: hidden matrices lr/m, wd·m); for exports to trainers without `mup`.",
+    )
+    schedule: dict[str, Any] | None = Field(
+        None,
+        description="`base`: the LR schedule (linear warmup, cosine to a final fraction); `kind`: a multiplicative warmup on top of it (`sp-warmup`) or `none`; apply with transfer.schedule.warmup_multiplier(step, plan).",
+    )
+    heuristics: list[dict[str, Any]] = Field(
+        default_factory=list, description="Rules of thumb applied for a batch/steps change, each with its factor and source."
+    )
+    baselines: dict[str, Any] = Field(
+        default_factory=dict, description="DeepSeek and Step-Law LR/batch for the target, for comparison."
+    )
     data: DataSpec
     train: TrainSpec
     diagnostics: dict[str, Any] = Field(default_factory=dict)
@@ -74,8 +86,10 @@ class TransferPlan(BaseModel):
         # Free-form blocks are not covered by allow_inf_nan: a hand-edited `.nan` would reach exports.
         bad = [p for p, x in _numbers(v) if not math.isfinite(x)]
         if bad:
-            raise ValueError(f"non-finite number(s) at {bad[:5]}; NaN and inf are never a setting: "
-                             "write a number, or null for an unknown diagnostic")
+            raise ValueError(
+                f"non-finite number(s) at {bad[:5]}; NaN and inf are never a setting: "
+                "write a number, or null for an unknown diagnostic"
+            )
         return v
 
     @field_validator("schedule")
@@ -88,8 +102,10 @@ class TransferPlan(BaseModel):
         for key in ("m", "timescale"):
             x = v.get(key)
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not (1 <= x <= MAX_WIDTH if key == "m" else x > 0):
-                raise ValueError(f"schedule.{key} must be a number {f'in 1..{MAX_WIDTH:,} (width ratio)' if key == 'm' else '> 0 (steps)'} "
-                                 f"for kind sp-warmup, got {x!r}; remake the plan with `hpt transfer`")
+                raise ValueError(
+                    f"schedule.{key} must be a number {f'in 1..{MAX_WIDTH:,} (width ratio)' if key == 'm' else '> 0 (steps)'} "
+                    f"for kind sp-warmup, got {x!r}; remake the plan with `hpt transfer`"
+                )
         return v
 
     @property
@@ -117,15 +133,19 @@ def parse_plan(data: Any, source: str = "<plan>") -> TransferPlan:
     try:
         return TransferPlan.model_validate(data)
     except ValidationError as e:
-        raise PlanError(source, problems_from_validation(e, allowed_keys=lambda loc: sorted(TransferPlan.model_fields)
-                                                         if len(loc) == 1 else [])) from None
+        raise PlanError(
+            source,
+            problems_from_validation(e, allowed_keys=lambda loc: sorted(TransferPlan.model_fields) if len(loc) == 1 else []),
+        ) from None
 
 
 def load_plan(path: str | Path) -> TransferPlan:
     path = Path(path)
     if not path.is_file():
-        raise PlanError(str(path), [Problem("", "plan not found", str(path),
-                                            "make one with `hpt transfer --study-dir DIR` (or `hpt run SPEC`)")])
+        raise PlanError(
+            str(path),
+            [Problem("", "plan not found", str(path), "make one with `hpt transfer --study-dir DIR` (or `hpt run SPEC`)")],
+        )
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:

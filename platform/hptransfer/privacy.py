@@ -17,21 +17,61 @@ class DPConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     epsilon: float = Field(..., gt=0, description="Target ε of the whole fine-tuning run (ε > 0).")
-    dataset_size: int | None = Field(None, ge=1, description="N, the number of private training examples. Null: derived from the task's data when the plan is made (`with_dataset_size`).")
+    dataset_size: int | None = Field(
+        None,
+        ge=1,
+        description="N, the number of private training examples. Null: derived from the task's data when the plan is made (`with_dataset_size`).",
+    )
     delta: float = Field(1e-5, gt=0, lt=1, description="Target δ; must be below 1/dataset_size (the usual rule: δ ≪ 1/N).")
     epochs: float = Field(..., gt=0, description="E, the fixed epoch budget (compute budget). Steps T = ceil(E·N/B).")
-    batch_sizes: list[int] | None = Field(None, description="Expected batch sizes B to consider. Null: powers of two from 16 below N, plus N (full batch).")
-    min_steps: int = Field(20, ge=1, description="A batch size is feasible only if T = ceil(E·N/B) ≥ min_steps (paper 1 used ≈20; data-dependent).")
-    tolerance: float = Field(0.05, ge=0, lt=1, description="Choose the smallest feasible B whose σ√T ≤ (1 + tolerance)·min σ√T (paper 1 gives no number).")
-    accountant: Literal["prv", "rdp"] = Field("prv", description="Opacus accountant for σ(B): `prv` (paper 1's choice, tighter, slower) or `rdp`.")
-    epsilon_tolerance: float = Field(0.01, gt=0, description="Binary-search precision of opacus' get_noise_multiplier (σ lands slightly above the exact value, so ε ≤ target holds).")
-    clip_reference: float = Field(1.0, gt=0, description="Scale of the clipping grid: a typical per-example gradient norm measured on PUBLIC data (never the private set, whose norms are not private).")
-    clip_factors: list[float] = Field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0, 8.0], description="Log-spaced multiples of clip_reference: the base C grid, extended upward by the ε shift.")
-    clip_shift_exponent: float = Field(0.5, ge=0, description="γ in the upward extension of the grid by (ε_ref/ε)^γ for ε < ε_ref (see rule.clip_shift, rule.clip_grid); 0 disables it.")
+    batch_sizes: list[int] | None = Field(
+        None, description="Expected batch sizes B to consider. Null: powers of two from 16 below N, plus N (full batch)."
+    )
+    min_steps: int = Field(
+        20, ge=1, description="A batch size is feasible only if T = ceil(E·N/B) ≥ min_steps (paper 1 used ≈20; data-dependent)."
+    )
+    tolerance: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="Choose the smallest feasible B whose σ√T ≤ (1 + tolerance)·min σ√T (paper 1 gives no number).",
+    )
+    accountant: Literal["prv", "rdp"] = Field(
+        "prv", description="Opacus accountant for σ(B): `prv` (paper 1's choice, tighter, slower) or `rdp`."
+    )
+    epsilon_tolerance: float = Field(
+        0.01,
+        gt=0,
+        description="Binary-search precision of opacus' get_noise_multiplier (σ lands slightly above the exact value, so ε ≤ target holds).",
+    )
+    clip_reference: float = Field(
+        1.0,
+        gt=0,
+        description="Scale of the clipping grid: a typical per-example gradient norm measured on PUBLIC data (never the private set, whose norms are not private).",
+    )
+    clip_factors: list[float] = Field(
+        default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0, 8.0],
+        description="Log-spaced multiples of clip_reference: the base C grid, extended upward by the ε shift.",
+    )
+    clip_shift_exponent: float = Field(
+        0.5,
+        ge=0,
+        description="γ in the upward extension of the grid by (ε_ref/ε)^γ for ε < ε_ref (see rule.clip_shift, rule.clip_grid); 0 disables it.",
+    )
     clip_shift_reference_epsilon: float = Field(8.0, gt=0, description="ε_ref: at or above this ε the grid is not shifted.")
-    lr: float | None = Field(None, gt=0, description="A learning rate tuned at lr_reference_batch; the plan scales it by √(B/B_ref). Null: the plan reports only the scale factor.")
-    lr_reference_batch: int | None = Field(None, ge=1, description="B_ref, the batch size lr was tuned at. Required when lr is set.")
-    init_from: str | None = Field(None, min_length=1, description="The private large run fine-tunes this model: a folder handed off by an earlier study (its `train/hf_model/`), whose shape must be the plan's. Null: a fresh model (µP or SP, as the spec says).")
+    lr: float | None = Field(
+        None,
+        gt=0,
+        description="A learning rate tuned at lr_reference_batch; the plan scales it by √(B/B_ref). Null: the plan reports only the scale factor.",
+    )
+    lr_reference_batch: int | None = Field(
+        None, ge=1, description="B_ref, the batch size lr was tuned at. Required when lr is set."
+    )
+    init_from: str | None = Field(
+        None,
+        min_length=1,
+        description="The private large run fine-tunes this model: a folder handed off by an earlier study (its `train/hf_model/`), whose shape must be the plan's. Null: a fresh model (µP or SP, as the spec says).",
+    )
 
     @field_validator("*")
     @classmethod
@@ -48,8 +88,10 @@ class DPConfig(BaseModel):
     def _delta_below_1_over_n(cls, v: float, info: ValidationInfo) -> float:
         n = info.data.get("dataset_size")
         if n is not None and v >= 1 / n:
-            raise ValueError(f"must be < 1/dataset_size = {1 / n:.3g} (δ ≪ 1/N, else releasing one record "
-                             f"outright is allowed); use e.g. {_suggest_delta(n):g}")
+            raise ValueError(
+                f"must be < 1/dataset_size = {1 / n:.3g} (δ ≪ 1/N, else releasing one record "
+                f"outright is allowed); use e.g. {_suggest_delta(n):g}"
+            )
         return v
 
     @field_validator("batch_sizes")
@@ -87,8 +129,10 @@ class DPConfig(BaseModel):
     @model_validator(mode="after")
     def _lr_pair(self) -> DPConfig:
         if (self.lr is None) != (self.lr_reference_batch is None):
-            raise ValueError(f"lr={self.lr} and lr_reference_batch={self.lr_reference_batch} go together: "
-                             "set both (the LR and the batch it was tuned at) or neither")
+            raise ValueError(
+                f"lr={self.lr} and lr_reference_batch={self.lr_reference_batch} go together: "
+                "set both (the LR and the batch it was tuned at) or neither"
+            )
         return self
 
     def with_dataset_size(self, n: int) -> DPConfig:
@@ -107,8 +151,10 @@ class DPConfig(BaseModel):
 
     def require_dataset_size(self) -> int:
         if self.dataset_size is None:
-            raise ValueError("dp.dataset_size is not set; give it in the spec or derive it from the data "
-                             "with DPConfig.with_dataset_size(len(private_train_set))")
+            raise ValueError(
+                "dp.dataset_size is not set; give it in the spec or derive it from the data "
+                "with DPConfig.with_dataset_size(len(private_train_set))"
+            )
         return self.dataset_size
 
 

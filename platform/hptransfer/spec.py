@@ -20,8 +20,19 @@ from hptransfer.errors import Problem, SpecError, problems_from_validation
 from hptransfer.hyperparameters import DEFAULT_HPS, LOG_SCALE, TUNABLE, Hyperparameters
 from hptransfer.privacy import DPConfig
 
-__all__ = ["DEFAULT_HPS", "LOG_SCALE", "RULE_NAMES", "TUNABLE", "Hyperparameters", "SpecError", "StudySpec",
-           "load_spec", "parse_spec", "spec_hash", "sweep_hash"]
+__all__ = [
+    "DEFAULT_HPS",
+    "LOG_SCALE",
+    "RULE_NAMES",
+    "TUNABLE",
+    "Hyperparameters",
+    "SpecError",
+    "StudySpec",
+    "load_spec",
+    "parse_spec",
+    "spec_hash",
+    "sweep_hash",
+]
 
 # The transfer rules by name (their code is registered in hptransfer.transfer.rules; a test checks
 # the two agree). Listed here so the spec can be validated without importing the engine.
@@ -49,17 +60,50 @@ BYTE_VOCAB = 256  # the `byte` tokenizer: one token per UTF-8 byte
 
 
 class ModelSpec(_Strict):
-    family: Literal["hf", "llama", "mlp"] = Field("llama", description="`llama`: HF LlamaForCausalLM built from a fixed config; `hf`: any Hugging Face causal LM built from `config` (hptransfer.models.families says how width maps onto each architecture); `mlp`: a small per-position MLP LM for fast tests.")
-    config: dict[str, Any] | None = Field(None, description="family hf: the architecture, as an inline mapping with `model_type` and config fields (e.g. {model_type: qwen2, num_attention_heads: 4, num_key_value_heads: 1}) or the path of a local config.json (or its folder), read when the spec is loaded and kept inline in the plan. The ladder sets the width fields (hidden, FFN, heads, KV heads keeping this config's GQA group size, head size), the layer count (`depth`), positions (`seq_len`) and the vocabulary (the tokenizer's); everything else is used as given.")
-    depth: int = Field(2, ge=1, le=128, description="Number of transformer blocks (llama; hf, where it overrides the config's layer count) or hidden layers (mlp).")
-    head_dim: int = Field(16, ge=4, le=256, description="llama, hf: fixed head size; width = n_heads × head_dim, so attention scaling stays right as width grows.")
-    n_heads: int | None = Field(None, ge=1, description="hf: a fixed number of attention heads instead, so the head size width / n_heads grows with width (pair it with attn_scale: 1/d). Default: heads = width / head_dim.")
-    attn_scale: Literal["1/sqrt(d)", "1/d"] = Field("1/sqrt(d)", description="hf: attention logits q·k/√d (standard) or q·k/d, µP's rule when the head size d grows (written √d_base/d: the base width is unchanged).")
+    family: Literal["hf", "llama", "mlp"] = Field(
+        "llama",
+        description="`llama`: HF LlamaForCausalLM built from a fixed config; `hf`: any Hugging Face causal LM built from `config` (hptransfer.models.families says how width maps onto each architecture); `mlp`: a small per-position MLP LM for fast tests.",
+    )
+    config: dict[str, Any] | None = Field(
+        None,
+        description="family hf: the architecture, as an inline mapping with `model_type` and config fields (e.g. {model_type: qwen2, num_attention_heads: 4, num_key_value_heads: 1}) or the path of a local config.json (or its folder), read when the spec is loaded and kept inline in the plan. The ladder sets the width fields (hidden, FFN, heads, KV heads keeping this config's GQA group size, head size), the layer count (`depth`), positions (`seq_len`) and the vocabulary (the tokenizer's); everything else is used as given.",
+    )
+    depth: int = Field(
+        2,
+        ge=1,
+        le=128,
+        description="Number of transformer blocks (llama; hf, where it overrides the config's layer count) or hidden layers (mlp).",
+    )
+    head_dim: int = Field(
+        16,
+        ge=4,
+        le=256,
+        description="llama, hf: fixed head size; width = n_heads × head_dim, so attention scaling stays right as width grows.",
+    )
+    n_heads: int | None = Field(
+        None,
+        ge=1,
+        description="hf: a fixed number of attention heads instead, so the head size width / n_heads grows with width (pair it with attn_scale: 1/d). Default: heads = width / head_dim.",
+    )
+    attn_scale: Literal["1/sqrt(d)", "1/d"] = Field(
+        "1/sqrt(d)",
+        description="hf: attention logits q·k/√d (standard) or q·k/d, µP's rule when the head size d grows (written √d_base/d: the base width is unchanged).",
+    )
     ffn_mult: float = Field(4.0, gt=0, le=64, description="Feed-forward hidden size as a multiple of width.")
     seq_len: int = Field(64, ge=8, le=8192, description="Context length in tokens (bytes for the `byte` tokenizer).")
-    parametrization: Literal["sp", "mup"] = Field("mup", description="`mup`: µP via the `mup` package (MuReadout, or MuSharedReadout for tied embeddings; base shapes; MuAdamW); `sp`: standard parametrization.")
-    base_width: int | None = Field(None, ge=1, description="µP base width (width_mult = width / base_width). Default: the narrowest swept width.")
-    vocab_size: int | None = Field(None, ge=2, le=10_000_000, description="Vocabulary size. Default: data.tokenizer's (256 for `byte`), filled in when the spec is loaded; a larger value pads the embedding.")
+    parametrization: Literal["sp", "mup"] = Field(
+        "mup",
+        description="`mup`: µP via the `mup` package (MuReadout, or MuSharedReadout for tied embeddings; base shapes; MuAdamW); `sp`: standard parametrization.",
+    )
+    base_width: int | None = Field(
+        None, ge=1, description="µP base width (width_mult = width / base_width). Default: the narrowest swept width."
+    )
+    vocab_size: int | None = Field(
+        None,
+        ge=2,
+        le=10_000_000,
+        description="Vocabulary size. Default: data.tokenizer's (256 for `byte`), filled in when the spec is loaded; a larger value pads the embedding.",
+    )
 
     @field_validator("config", mode="before")
     @classmethod
@@ -76,12 +120,16 @@ class ModelSpec(_Strict):
             given = [k for k in ("config", "n_heads") if getattr(self, k) is not None]
             given += ["attn_scale"] if self.attn_scale != "1/sqrt(d)" else []
             if given:
-                raise ValueError(f"model.{', model.'.join(given)} apply to family hf only (family is {self.family!r}); "
-                                 "remove them or set family: hf")
+                raise ValueError(
+                    f"model.{', model.'.join(given)} apply to family hf only (family is {self.family!r}); "
+                    "remove them or set family: hf"
+                )
             return self
         if self.config is None:
-            raise ValueError("family hf needs model.config: a mapping with model_type (e.g. {model_type: qwen2}) "
-                             "or the path of a local config.json")
+            raise ValueError(
+                "family hf needs model.config: a mapping with model_type (e.g. {model_type: qwen2}) "
+                "or the path of a local config.json"
+            )
         problems = _hf_config_problems(self.config)
         if problems:
             raise ValueError("; ".join(problems))
@@ -96,7 +144,11 @@ class ModelSpec(_Strict):
         """Why some widths cannot be built by this family (empty when all can)."""
         if self.family == "llama":
             bad = [w for w in widths if w % self.head_dim]
-            return [f"widths {bad} are not multiples of model.head_dim={self.head_dim}; llama width = n_heads × head_dim"] if bad else []
+            return (
+                [f"widths {bad} are not multiples of model.head_dim={self.head_dim}; llama width = n_heads × head_dim"]
+                if bad
+                else []
+            )
         if self.family == "hf":
             from hptransfer.models.families import width_problems
 
@@ -110,11 +162,14 @@ def _read_config_json(v: str | Path) -> dict[str, Any]:
         path = path / "config.json" if path.is_dir() else path
         found = path.is_file()
     except OSError as e:  # e.g. a name longer than the filesystem allows
-        raise ValueError(f"{str(v)[:80]!r} is not a usable path ({e.strerror}); give a local config.json "
-                         "(or its folder) or an inline mapping with model_type") from None
+        raise ValueError(
+            f"{str(v)[:80]!r} is not a usable path ({e.strerror}); give a local config.json "
+            "(or its folder) or an inline mapping with model_type"
+        ) from None
     if not found:
-        raise ValueError(f"{path.resolve()} not found; give a local config.json (or its folder) or an inline mapping "
-                         "with model_type")
+        raise ValueError(
+            f"{path.resolve()} not found; give a local config.json (or its folder) or an inline mapping with model_type"
+        )
     try:
         data = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
@@ -131,8 +186,10 @@ def _hf_config_problems(config: dict[str, Any]) -> list[str]:
     try:
         cls = families.config_class(mt)
     except KeyError:
-        return [f"model.config.model_type={mt!r} is unknown to transformers; check the spelling (llama, mistral, "
-                "qwen2, gpt2, gpt_neox, ...) or upgrade transformers"]
+        return [
+            f"model.config.model_type={mt!r} is unknown to transformers; check the spelling (llama, mistral, "
+            "qwen2, gpt2, gpt_neox, ...) or upgrade transformers"
+        ]
     if not families.is_causal_lm(mt):
         return [f"model.config.model_type={mt!r} is not a causal LM (AutoModelForCausalLM cannot build it)"]
     errs = []
@@ -142,8 +199,10 @@ def _hf_config_problems(config: dict[str, Any]) -> list[str]:
             errs.append(f"model.config has keys {unknown} that {cls.__name__} does not know (typo?)")
     missing = families.missing_fields(mt)
     if missing:
-        errs.append(f"model.config.model_type={mt!r} has no config fields {missing} for the width ladder to set; "
-                    "add its field names to hptransfer.models.families.ARCHITECTURES")
+        errs.append(
+            f"model.config.model_type={mt!r} has no config fields {missing} for the width ladder to set; "
+            "add its field names to hptransfer.models.families.ARCHITECTURES"
+        )
     group = families.gqa_group(config)
     if group != int(group):
         errs.append(f"model.config: num_attention_heads is not a multiple of num_key_value_heads (group size {group:g})")
@@ -151,15 +210,44 @@ def _hf_config_problems(config: dict[str, Any]) -> list[str]:
 
 
 class DataSpec(_Strict):
-    corpus: Literal["stdlib", "files"] = Field("stdlib", description="`stdlib`: the .py files of Python's standard library (ships with every Python); `files`: your local files (`paths`), read through Hugging Face `datasets` and tokenized once by `hpt data prepare`.")
-    paths: tuple[str, ...] = Field((), description="corpus files: glob patterns of the input files (`**` recurses); relative ones are resolved against the folder hpt runs in.")
-    format: Literal["text", "jsonl", "parquet"] | None = Field(None, description="corpus files: how to read them. `text`: documents are paragraphs (blank-line separated); `jsonl`, `parquet`: one document per row, in `text_field`. Default: by extension (.txt .md .text → text, .jsonl .json → jsonl, .parquet → parquet).")
-    text_field: str = Field("text", min_length=1, description="corpus files, jsonl/parquet: the field (column) holding each document's text.")
-    tokenizer: str = Field("byte", min_length=1, description="`byte`: UTF-8 bytes, vocabulary 256; or a local tokenizer folder (what `tokenizer.save_pretrained(DIR)` writes), loaded with AutoTokenizer. The model's vocabulary follows it.")
-    cache_dir: str = Field("~/.cache/hptransfer/data", description="corpus files: where prepared token files go, one folder per (inputs, format, tokenizer, split); a changed input or tokenizer is prepared again. Sweep trials and every large-run worker read it: on a multi-node cluster put it on shared storage (else each node prepares its own copy on first use).")
-    val_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share held out for validation, by a stable hash of each file path (stdlib) or document text (files).")
-    max_files: int | None = Field(400, ge=10, description="stdlib: use at most this many files (sorted by hash) to keep start-up fast; null for all.")
-    max_epochs: float = Field(100.0, gt=0, description="Refuse a run that would pass over the training tokens more than this many times (steps × batch_size × seq_len / training tokens): a corpus too small for the requested steps.")
+    corpus: Literal["stdlib", "files"] = Field(
+        "stdlib",
+        description="`stdlib`: the .py files of Python's standard library (ships with every Python); `files`: your local files (`paths`), read through Hugging Face `datasets` and tokenized once by `hpt data prepare`.",
+    )
+    paths: tuple[str, ...] = Field(
+        (),
+        description="corpus files: glob patterns of the input files (`**` recurses); relative ones are resolved against the folder hpt runs in.",
+    )
+    format: Literal["text", "jsonl", "parquet"] | None = Field(
+        None,
+        description="corpus files: how to read them. `text`: documents are paragraphs (blank-line separated); `jsonl`, `parquet`: one document per row, in `text_field`. Default: by extension (.txt .md .text → text, .jsonl .json → jsonl, .parquet → parquet).",
+    )
+    text_field: str = Field(
+        "text", min_length=1, description="corpus files, jsonl/parquet: the field (column) holding each document's text."
+    )
+    tokenizer: str = Field(
+        "byte",
+        min_length=1,
+        description="`byte`: UTF-8 bytes, vocabulary 256; or a local tokenizer folder (what `tokenizer.save_pretrained(DIR)` writes), loaded with AutoTokenizer. The model's vocabulary follows it.",
+    )
+    cache_dir: str = Field(
+        "~/.cache/hptransfer/data",
+        description="corpus files: where prepared token files go, one folder per (inputs, format, tokenizer, split); a changed input or tokenizer is prepared again. Sweep trials and every large-run worker read it: on a multi-node cluster put it on shared storage (else each node prepares its own copy on first use).",
+    )
+    val_fraction: float = Field(
+        0.1,
+        gt=0,
+        lt=0.5,
+        description="Share held out for validation, by a stable hash of each file path (stdlib) or document text (files).",
+    )
+    max_files: int | None = Field(
+        400, ge=10, description="stdlib: use at most this many files (sorted by hash) to keep start-up fast; null for all."
+    )
+    max_epochs: float = Field(
+        100.0,
+        gt=0,
+        description="Refuse a run that would pass over the training tokens more than this many times (steps × batch_size × seq_len / training tokens): a corpus too small for the requested steps.",
+    )
     eval_batches: int = Field(8, ge=1, description="Validation batches averaged for val_loss.")
 
     @field_validator("paths")
@@ -185,25 +273,48 @@ class DataSpec(_Strict):
         if self.corpus == "stdlib":
             given = [k for k in ("paths", "format") if getattr(self, k)] + (["tokenizer"] if self.tokenizer != "byte" else [])
             if given:
-                raise ValueError(f"data.{', data.'.join(given)} apply to corpus files (corpus is 'stdlib', bytes of "
-                                 "Python source); set corpus: files or remove them")
+                raise ValueError(
+                    f"data.{', data.'.join(given)} apply to corpus files (corpus is 'stdlib', bytes of "
+                    "Python source); set corpus: files or remove them"
+                )
         return self
 
 
 class SweepSpec(_Strict):
     widths: list[int] = Field(..., description="The width ladder, strictly increasing, e.g. [32, 64, 128].")
-    grid: dict[str, list[float]] = Field(..., description="Hyperparameters to tune and their grid values, e.g. {lr: [1e-3, 3e-3, 1e-2]}.")
-    fixed: dict[str, float] = Field(default_factory=dict, description="Hyperparameters held fixed during the sweep (weight_decay, warmup_steps, ...).")
+    grid: dict[str, list[float]] = Field(
+        ..., description="Hyperparameters to tune and their grid values, e.g. {lr: [1e-3, 3e-3, 1e-2]}."
+    )
+    fixed: dict[str, float] = Field(
+        default_factory=dict, description="Hyperparameters held fixed during the sweep (weight_decay, warmup_steps, ...)."
+    )
     steps: int = Field(100, ge=1, le=MAX_STEPS, description="Training steps per trial.")
     batch_size: int = Field(16, ge=1, le=1_000_000, description="Sequences per step in each trial.")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Seeds per grid point.")
-    noise_seeds: int = Field(3, ge=0, le=32, description="Extra seeds run at each width's best grid point after the grid, so the sweep measures its own loss noise (used by every diagnostic); 0: none.")
-    max_trials: int = Field(2000, ge=1, description="Refuse a sweep with more trials than this (widths × grid × seeds); raise it deliberately for a big search.")
-    wall_clock_budget_s: float | None = Field(None, gt=0, description="Stop starting new trials after this many seconds (Ray Tune's time budget); finished trials are kept.")
+    noise_seeds: int = Field(
+        3,
+        ge=0,
+        le=32,
+        description="Extra seeds run at each width's best grid point after the grid, so the sweep measures its own loss noise (used by every diagnostic); 0: none.",
+    )
+    max_trials: int = Field(
+        2000,
+        ge=1,
+        description="Refuse a sweep with more trials than this (widths × grid × seeds); raise it deliberately for a big search.",
+    )
+    wall_clock_budget_s: float | None = Field(
+        None,
+        gt=0,
+        description="Stop starting new trials after this many seconds (Ray Tune's time budget); finished trials are kept.",
+    )
     cpus_per_trial: float = Field(1.0, gt=0, description="Ray CPUs per trial (also torch threads in the trial).")
     gpus_per_trial: float = Field(0.0, ge=0, description="Ray GPUs per trial (fractions share a GPU).")
-    scheduler: Literal["fifo", "asha"] = Field("fifo", description="`asha`: stop poor trials early (Ray Tune's ASHAScheduler); stopped trials get status `stopped`.")
-    asha_grace_fraction: float = Field(0.25, gt=0, le=1, description="ASHA: fraction of `steps` every trial runs before it can be stopped.")
+    scheduler: Literal["fifo", "asha"] = Field(
+        "fifo", description="`asha`: stop poor trials early (Ray Tune's ASHAScheduler); stopped trials get status `stopped`."
+    )
+    asha_grace_fraction: float = Field(
+        0.25, gt=0, le=1, description="ASHA: fraction of `steps` every trial runs before it can be stopped."
+    )
     asha_reduction_factor: float = Field(2.0, gt=1, description="ASHA: keep 1/reduction_factor of trials at each rung.")
     reports: int = Field(4, ge=1, le=100, description="Validation evaluations reported per trial (ASHA decides at these).")
 
@@ -231,8 +342,10 @@ class SweepSpec(_Strict):
             if name in LOG_SCALE and any(x <= 0 for x in values):
                 raise ValueError(f"grid.{name} must be > 0 (it is searched on a log scale), got {values}")
             if len(set(values)) != len(values):
-                raise ValueError(f"grid.{name} repeats values {sorted({x for x in values if values.count(x) > 1})}; "
-                                 "list each value once (add seeds for replicates)")
+                raise ValueError(
+                    f"grid.{name} repeats values {sorted({x for x in values if values.count(x) > 1})}; "
+                    "list each value once (add seeds for replicates)"
+                )
             _check_hps(name, values)
         return v
 
@@ -261,13 +374,19 @@ class SweepSpec(_Strict):
 
 class TransferSpec(_Strict):
     rule: str = Field("mup", description=f"Transfer rule by name: one of {', '.join(RULE_NAMES)}.")
-    warmup_timescale: float | None = Field(None, gt=0, description="sp-warmup: timescale τ (steps) of the multiplicative warmup; null: 1/(lr·weight_decay) (paper 3).")
+    warmup_timescale: float | None = Field(
+        None,
+        gt=0,
+        description="sp-warmup: timescale τ (steps) of the multiplicative warmup; null: 1/(lr·weight_decay) (paper 3).",
+    )
 
 
 class TargetSpec(_Strict):
     width: int = Field(..., ge=1, le=MAX_WIDTH, description="Width of the large model.")
     steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="Training steps of the large run. Default: the sweep's.")
-    batch_size: int | None = Field(None, ge=1, le=1_000_000, description="Global batch (sequences) of the large run. Default: the sweep's.")
+    batch_size: int | None = Field(
+        None, ge=1, le=1_000_000, description="Global batch (sequences) of the large run. Default: the sweep's."
+    )
 
 
 class TrainSpec(_Strict):
@@ -276,8 +395,12 @@ class TrainSpec(_Strict):
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)
     eval_every: int = Field(50, ge=1, description="Steps between validation evaluations in the large run.")
-    checkpoint_every: int = Field(0, ge=0, description="Steps between DeepSpeed checkpoints (reported to Ray Train); 0: only the final one.")
-    max_failures: int = Field(2, ge=0, description="Ray Train restarts of the worker group after a worker dies; each resumes from the last checkpoint.")
+    checkpoint_every: int = Field(
+        0, ge=0, description="Steps between DeepSpeed checkpoints (reported to Ray Train); 0: only the final one."
+    )
+    max_failures: int = Field(
+        2, ge=0, description="Ray Train restarts of the worker group after a worker dies; each resumes from the last checkpoint."
+    )
     keep_checkpoints: int = Field(2, ge=1, description="Checkpoints Ray Train keeps (older ones are deleted).")
 
 
@@ -288,14 +411,22 @@ class TrackingSpec(_Strict):
 
 class RaySpec(_Strict):
     num_cpus: int | None = Field(None, ge=1, description="CPUs for a local Ray. Default: os.cpu_count().")
-    object_store_mb: int = Field(512, ge=78, description="Local Ray object store size; Ray's default (30% of RAM) is far too large here.")
+    object_store_mb: int = Field(
+        512, ge=78, description="Local Ray object store size; Ray's default (30% of RAM) is far too large here."
+    )
 
 
 class CoordCheckSpec(_Strict):
-    widths: list[int] | None = Field(None, min_length=2, description="Widths to check. Default: the sweep ladder plus the target width capped at 4× the widest.")
+    widths: list[int] | None = Field(
+        None,
+        min_length=2,
+        description="Widths to check. Default: the sweep ladder plus the target width capped at 4× the widest.",
+    )
     steps: int = Field(4, ge=2, le=20, description="Adam steps recorded.")
     lr: float = Field(1e-2, gt=0)
-    max_slope: float = Field(0.25, gt=0, description="Fail when log(activation size) changes faster than this power of width (growing or shrinking).")
+    max_slope: float = Field(
+        0.25, gt=0, description="Fail when log(activation size) changes faster than this power of width (growing or shrinking)."
+    )
 
     @field_validator("widths")
     @classmethod
@@ -307,7 +438,11 @@ class CoordCheckSpec(_Strict):
 
 class StudySpec(_Strict):
     # A safe path component and label value: starts with a letter or digit (never `.` or `..`).
-    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", description="Study name: folder and MLflow experiment name (letters, digits, `_.-`, at most 63, starting with a letter or digit).")
+    name: str = Field(
+        ...,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$",
+        description="Study name: folder and MLflow experiment name (letters, digits, `_.-`, at most 63, starting with a letter or digit).",
+    )
     seed: int = Field(0, ge=0, le=MAX_SEED)
     model: ModelSpec = ModelSpec()
     data: DataSpec = DataSpec()
@@ -340,18 +475,24 @@ class StudySpec(_Strict):
 
             errs += tokenizer_problems(self.data.tokenizer, self.model.vocab_size)
         if self.target.width < self.sweep.widths[-1]:
-            errs.append(f"target.width={self.target.width} is narrower than the widest swept width "
-                        f"{self.sweep.widths[-1]}; transfer goes to a wider model")
+            errs.append(
+                f"target.width={self.target.width} is narrower than the widest swept width "
+                f"{self.sweep.widths[-1]}; transfer goes to a wider model"
+            )
         if self.model.base_width is not None and self.model.base_width > self.sweep.widths[0]:
             errs.append(f"model.base_width={self.model.base_width} exceeds the narrowest width {self.sweep.widths[0]}")
         if self.transfer.rule not in RULE_NAMES:
             errs.append(f"transfer.rule={self.transfer.rule!r} is unknown; choose one of {sorted(RULE_NAMES)}")
         elif self.transfer.rule == "dp" and self.dp is None:
-            errs.append("transfer.rule='dp' needs a `dp:` block (epsilon, delta, dataset_size, epochs); "
-                        "add one (see search_spaces/dp-finetune.yaml) or choose another rule")
+            errs.append(
+                "transfer.rule='dp' needs a `dp:` block (epsilon, delta, dataset_size, epochs); "
+                "add one (see search_spaces/dp-finetune.yaml) or choose another rule"
+            )
         if self.sweep.n_trials > self.sweep.max_trials:
-            errs.append(f"the sweep has {self.sweep.n_trials} trials (widths × grid × seeds), above "
-                        f"sweep.max_trials={self.sweep.max_trials}; shrink the grid or raise sweep.max_trials")
+            errs.append(
+                f"the sweep has {self.sweep.n_trials} trials (widths × grid × seeds), above "
+                f"sweep.max_trials={self.sweep.max_trials}; shrink the grid or raise sweep.max_trials"
+            )
         if errs:
             raise ValueError("; ".join(errs))
         return self
@@ -423,4 +564,3 @@ def sweep_hash(spec: StudySpec) -> str:
 
 def spec_hash(spec: StudySpec) -> str:
     return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
-

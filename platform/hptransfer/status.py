@@ -78,10 +78,13 @@ def _coord_check(paths: StudyPaths) -> dict:
     if cc is None:
         return _stage(MISSING)
     passed = bool(cc.get("passed"))
-    return _stage("pass" if passed else "fail",
-                  f"worst slope {cc.get('worst_slope', float('nan')):.2f} ({cc.get('worst_module')}) vs allowed "
-                  f"{cc.get('max_slope_allowed')}, widths {cc.get('widths')}",
-                  _rel(paths, paths.coord_check_png, paths.coord_check_json), passed=passed)
+    return _stage(
+        "pass" if passed else "fail",
+        f"worst slope {cc.get('worst_slope', float('nan')):.2f} ({cc.get('worst_module')}) vs allowed "
+        f"{cc.get('max_slope_allowed')}, widths {cc.get('widths')}",
+        _rel(paths, paths.coord_check_png, paths.coord_check_json),
+        passed=passed,
+    )
 
 
 def _tune_counts(exp_dir: Path) -> Counter:
@@ -103,18 +106,31 @@ def _sweep(paths: StudyPaths, experiment: str, results: Path, total: int | None,
         with results.open(newline="") as f:
             counts = Counter(row.get("status", "?") for row in csv.DictReader(f))
         n = sum(counts.values())
-        return _stage(DONE, f"{n} trials: " + ", ".join(f"{v} {k}" for k, v in counts.most_common()),
-                      _rel(paths, results, results.with_suffix(".png")), trials=n, by_status=dict(counts))
+        return _stage(
+            DONE,
+            f"{n} trials: " + ", ".join(f"{v} {k}" for k, v in counts.most_common()),
+            _rel(paths, results, results.with_suffix(".png")),
+            trials=n,
+            by_status=dict(counts),
+        )
     if not exp_dir.exists():
         return _stage(MISSING)
     tune = _tune_counts(exp_dir)
-    finished = max(tune.get("TERMINATED", 0) + tune.get("ERROR", 0),
-                   len(list(markers.glob("*.json"))) if markers and markers.is_dir() else 0)
+    finished = max(
+        tune.get("TERMINATED", 0) + tune.get("ERROR", 0), len(list(markers.glob("*.json"))) if markers and markers.is_dir() else 0
+    )
     of = f"/{total}" if total else ""
-    summary = (f"{finished}{of} trials finished; Tune: " + (", ".join(f"{v} {k.lower()}" for k, v in tune.most_common())
-                                                          or "no state snapshot yet"))
-    return _stage(RUNNING if busy else INTERRUPTED, summary + ("" if busy else "; rerun the sweep to resume it"),
-                  _rel(paths, exp_dir), finished=finished, total=total, tune_status=dict(tune))
+    summary = f"{finished}{of} trials finished; Tune: " + (
+        ", ".join(f"{v} {k.lower()}" for k, v in tune.most_common()) or "no state snapshot yet"
+    )
+    return _stage(
+        RUNNING if busy else INTERRUPTED,
+        summary + ("" if busy else "; rerun the sweep to resume it"),
+        _rel(paths, exp_dir),
+        finished=finished,
+        total=total,
+        tune_status=dict(tune),
+    )
 
 
 def _newest(folder: Path) -> float:
@@ -127,9 +143,15 @@ def _plan(paths: StudyPaths) -> dict:
         return _stage(MISSING)
     hps = plan.get("hyperparameters") or {}
     target = plan.get("target") or {}
-    return _stage(DONE, f"rule {plan.get('rule')}: width {target.get('width')}, {target.get('steps')} steps, "
-                  + ", ".join(f"{k}={v:.4g}" for k, v in hps.items() if isinstance(v, (int, float))),
-                  _rel(paths, paths.plan), rule=plan.get("rule"), target=target, hyperparameters=hps)
+    return _stage(
+        DONE,
+        f"rule {plan.get('rule')}: width {target.get('width')}, {target.get('steps')} steps, "
+        + ", ".join(f"{k}={v:.4g}" for k, v in hps.items() if isinstance(v, (int, float))),
+        _rel(paths, paths.plan),
+        rule=plan.get("rule"),
+        target=target,
+        hyperparameters=hps,
+    )
 
 
 def _train(paths: StudyPaths, busy: bool) -> dict:
@@ -140,12 +162,18 @@ def _train(paths: StudyPaths, busy: bool) -> dict:
     if final and not (progress and progress.get("status") == RUNNING and busy):
         keys = ("step", "train_loss", "val_loss", "tokens_per_s", "wall_s", "status")
         metrics = {k: final.get(k) for k in keys if final.get(k) is not None}
-        return _stage(DONE if final.get("status") == "ok" else str(final.get("status")),
-                      ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()),
-                      files, final=metrics)
+        return _stage(
+            DONE if final.get("status") == "ok" else str(final.get("status")),
+            ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()),
+            files,
+            final=metrics,
+        )
     if not progress:
-        return _stage(RUNNING if busy and tp.root.exists() else MISSING,
-                      "starting (no step yet)" if busy and tp.root.exists() else "", files)
+        return _stage(
+            RUNNING if busy and tp.root.exists() else MISSING,
+            "starting (no step yet)" if busy and tp.root.exists() else "",
+            files,
+        )
     age = time.time() - float(progress.get("time", 0))
     eta = max(0.0, float(progress.get("eta_s") or 0) - age)
     state = RUNNING if busy else INTERRUPTED
@@ -186,11 +214,18 @@ def _mlflow(paths: StudyPaths, uri: str, experiment: str) -> dict:
             out["note"] = f"no experiment {experiment!r} yet"
             return out
         out["experiment_id"] = exp.experiment_id
-        runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`{TAG_STUDY}` = '{paths.root}'",
-                                  max_results=5000, order_by=["attributes.start_time ASC"])
+        runs = client.search_runs(
+            [exp.experiment_id],
+            filter_string=f"tags.`{TAG_STUDY}` = '{paths.root}'",
+            max_results=5000,
+            order_by=["attributes.start_time ASC"],
+        )
         out["runs_by_kind"] = dict(Counter(r.data.tags.get(TAG_KIND, "?") for r in runs))
-        out["runs"] = [{"kind": r.data.tags.get(TAG_KIND, "?"), "run_id": r.info.run_id, "name": r.info.run_name,
-                        "status": r.info.status} for r in runs if r.data.tags.get(TAG_KIND) != "trial"]
+        out["runs"] = [
+            {"kind": r.data.tags.get(TAG_KIND, "?"), "run_id": r.info.run_id, "name": r.info.run_name, "status": r.info.status}
+            for r in runs
+            if r.data.tags.get(TAG_KIND) != "trial"
+        ]
     except Exception as e:  # status is a read-only look: report, never fail on the tracker
         out["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     return out
@@ -230,13 +265,25 @@ def study_status(study_dir: str | Path, *, tracking_uri: str | None = None, mlfl
     tracking = (spec or {}).get("tracking") or {}
     uri = resolve_tracking_uri(paths.root, tracking.get("uri"), tracking_uri)
     experiment = tracking.get("experiment") or name
-    return {"study": name, "study_dir": str(paths.root), "running": holder, "stages": stages,
-            "log_file": str(paths.log_file) if paths.log_file.exists() else None,
-            "mlflow": _mlflow(paths, uri, experiment) if mlflow else {"tracking_uri": uri, "experiment": experiment}}
+    return {
+        "study": name,
+        "study_dir": str(paths.root),
+        "running": holder,
+        "stages": stages,
+        "log_file": str(paths.log_file) if paths.log_file.exists() else None,
+        "mlflow": _mlflow(paths, uri, experiment) if mlflow else {"tracking_uri": uri, "experiment": experiment},
+    }
 
 
-LABELS = {"spec": "spec", "coord_check": "coord check", "sweep": "sweep", "dp_sweep": "DP sweep", "plan": "plan",
-          "train": "large run", "report": "report"}
+LABELS = {
+    "spec": "spec",
+    "coord_check": "coord check",
+    "sweep": "sweep",
+    "dp_sweep": "DP sweep",
+    "plan": "plan",
+    "train": "large run",
+    "report": "report",
+}
 
 
 def describe(status: dict) -> list[str]:
@@ -244,16 +291,20 @@ def describe(status: dict) -> list[str]:
     lines = [f"study {status['study']}  {status['study_dir']}"]
     holder = status.get("running")
     if holder:
-        lines.append(f"  in use by pid {holder.get('pid')} on {holder.get('host')} since {holder.get('started')} "
-                     f"({holder.get('command', '?')})")
+        lines.append(
+            f"  in use by pid {holder.get('pid')} on {holder.get('host')} since {holder.get('started')} "
+            f"({holder.get('command', '?')})"
+        )
     for key, st in status["stages"].items():
         files = "  [" + ", ".join(st["files"]) + "]" if st["files"] else ""
         lines.append(f"  {LABELS.get(key, key):<12} {st['state']:<12} {st['summary']}{files}".rstrip())
     if status.get("log_file"):
         lines.append(f"  log file     {status['log_file']}")
     m = status["mlflow"]
-    lines.append(f"MLflow {m['tracking_uri']}  experiment {m['experiment']!r}"
-                 + (f" (id {m['experiment_id']})" if m.get("experiment_id") else ""))
+    lines.append(
+        f"MLflow {m['tracking_uri']}  experiment {m['experiment']!r}"
+        + (f" (id {m['experiment_id']})" if m.get("experiment_id") else "")
+    )
     for note in ("note", "error"):
         if m.get(note):
             lines.append(f"  {note}: {m[note]}")

@@ -163,8 +163,12 @@ def _alive(pid: int) -> bool:
 
 
 def _acquire(path: Path) -> None:
-    me = {"pid": os.getpid(), "host": socket.gethostname(), "started": dt.datetime.now().isoformat(timespec="seconds"),
-          "command": " ".join(sys.argv[:3])}
+    me = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": dt.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv[:3]),
+    }
     for _ in range(2):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -176,9 +180,11 @@ def _acquire(path: Path) -> None:
             if holder.get("host") == me["host"] and isinstance(holder.get("pid"), int) and not _alive(holder["pid"]):
                 path.unlink(missing_ok=True)  # stale: its process is gone
                 continue
-            raise StudyError(f"{path.parent} is in use by pid {holder.get('pid')} on {holder.get('host')} since "
-                             f"{holder.get('started')} ({holder.get('command', '?')}); wait for it to finish, or use another "
-                             f"--study-dir. If that process is gone (another host), delete {path}") from None
+            raise StudyError(
+                f"{path.parent} is in use by pid {holder.get('pid')} on {holder.get('host')} since "
+                f"{holder.get('started')} ({holder.get('command', '?')}); wait for it to finish, or use another "
+                f"--study-dir. If that process is gone (another host), delete {path}"
+            ) from None
         with os.fdopen(fd, "w") as f:
             json.dump(me, f)
         return
@@ -188,8 +194,16 @@ def _acquire(path: Path) -> None:
 class Study:
     """A study: its spec (None for a plan made elsewhere), folder, tracking and Ray settings."""
 
-    def __init__(self, spec: StudySpec | None, root: str | Path, *, name: str | None = None,
-                 tracking_uri: str | None = None, experiment: str | None = None, address: str | None = None):
+    def __init__(
+        self,
+        spec: StudySpec | None,
+        root: str | Path,
+        *,
+        name: str | None = None,
+        tracking_uri: str | None = None,
+        experiment: str | None = None,
+        address: str | None = None,
+    ):
         if spec is None and not name:
             raise StudyError("a study needs a spec or at least a name")
         self.spec = spec
@@ -205,23 +219,31 @@ class Study:
     # --- construction ---------------------------------------------------------------------------
 
     @classmethod
-    def from_spec(cls, spec: StudySpec | str | Path | dict, study_dir: str | Path | None = None, *,
-                  tracking_uri: str | None = None, experiment: str | None = None, address: str | None = None) -> Study:
+    def from_spec(
+        cls,
+        spec: StudySpec | str | Path | dict,
+        study_dir: str | Path | None = None,
+        *,
+        tracking_uri: str | None = None,
+        experiment: str | None = None,
+        address: str | None = None,
+    ) -> Study:
         """From a spec (a path, a mapping or a `StudySpec`); the folder defaults to `studies/<name>`."""
         if isinstance(spec, dict):
             spec = parse_spec(spec)
         elif not isinstance(spec, StudySpec):
             spec = load_spec(spec)
-        return cls(spec, study_dir or STUDIES_ROOT / spec.name, tracking_uri=tracking_uri, experiment=experiment,
-                   address=address)
+        return cls(spec, study_dir or STUDIES_ROOT / spec.name, tracking_uri=tracking_uri, experiment=experiment, address=address)
 
     @classmethod
     def from_dir(cls, study_dir: str | Path, **flags: Any) -> Study:
         """An existing study folder (its own `spec.yaml`)."""
         paths = StudyPaths(Path(study_dir))
         if not paths.spec.is_file():
-            raise StudyError(f"{study_dir} is not a study folder (no {paths.spec.name}); run `hpt sweep SPEC "
-                             f"--study-dir {study_dir}` first, or pass the folder `hpt run` made")
+            raise StudyError(
+                f"{study_dir} is not a study folder (no {paths.spec.name}); run `hpt sweep SPEC "
+                f"--study-dir {study_dir}` first, or pass the folder `hpt run` made"
+            )
         return cls.from_spec(paths.spec, study_dir, **flags)
 
     @classmethod
@@ -286,14 +308,22 @@ class Study:
             raise StudyError(f"{self.root} has no spec; this stage needs one (pass SPEC)")
         return self.spec
 
-    def tracker(self, run_name: str | None = None, *, kind: str | None = None, parent_run_id: str | None = None,
-                tags: dict[str, Any] | None = None, run_id: str | None = None):
+    def tracker(
+        self,
+        run_name: str | None = None,
+        *,
+        kind: str | None = None,
+        parent_run_id: str | None = None,
+        tags: dict[str, Any] | None = None,
+        run_id: str | None = None,
+    ):
         """An MLflow run of this study (the one way the project writes to MLflow)."""
         from hptransfer.tracking import TAG_KIND, TAG_STUDY, MlflowTracker
 
         tags = {TAG_STUDY: str(self.root), **({TAG_KIND: kind} if kind else {}), **(tags or {})}
-        return MlflowTracker(self.tracking_uri, self.experiment, run_name=run_name, tags=tags,
-                             parent_run_id=parent_run_id, run_id=run_id)
+        return MlflowTracker(
+            self.tracking_uri, self.experiment, run_name=run_name, tags=tags, parent_run_id=parent_run_id, run_id=run_id
+        )
 
     # --- Ray ------------------------------------------------------------------------------------
 
@@ -319,9 +349,15 @@ class Study:
         else:
             # Explicit sizes: Ray's defaults take 30% of RAM for the object store and every core.
             # address="local": always a fresh embedded cluster, never a stray `ray start` one.
-            ray.init(address="local", num_cpus=self.ray.num_cpus or os.cpu_count(), include_dashboard=False,
-                     object_store_memory=self.ray.object_store_mb * 1024 * 1024, log_to_driver=True,
-                     configure_logging=True, logging_level="INFO")
+            ray.init(
+                address="local",
+                num_cpus=self.ray.num_cpus or os.cpu_count(),
+                include_dashboard=False,
+                object_store_memory=self.ray.object_store_mb * 1024 * 1024,
+                log_to_driver=True,
+                configure_logging=True,
+                logging_level="INFO",
+            )
         if logs.attach_ray() and not logs.is_verbose():
             logs.progress(f"Ray, Ray Train and DeepSpeed output goes to {self.paths.log_file} (hpt --verbose shows it here)")
         try:

@@ -27,19 +27,37 @@ MetricRow = tuple[dict[str, Any], int, int]  # (metrics, step, timestamp in ms)
 class NullTracker:
     run_id = None
 
-    def log_params(self, params): pass
-    def log_metrics(self, metrics, step=None): pass
-    def log_metric_rows(self, rows): pass
-    def log_artifact(self, path, artifact_path=None): pass
-    def set_tags(self, tags): pass
-    def end(self, status="FINISHED"): pass
+    def log_params(self, params):
+        pass
+
+    def log_metrics(self, metrics, step=None):
+        pass
+
+    def log_metric_rows(self, rows):
+        pass
+
+    def log_artifact(self, path, artifact_path=None):
+        pass
+
+    def set_tags(self, tags):
+        pass
+
+    def end(self, status="FINISHED"):
+        pass
 
 
 class MlflowTracker:
     """One MLflow run, used through the client (no global active-run state across processes)."""
 
-    def __init__(self, tracking_uri: str, experiment: str, run_name: str | None = None,
-                 tags: dict[str, Any] | None = None, parent_run_id: str | None = None, run_id: str | None = None):
+    def __init__(
+        self,
+        tracking_uri: str,
+        experiment: str,
+        run_name: str | None = None,
+        tags: dict[str, Any] | None = None,
+        parent_run_id: str | None = None,
+        run_id: str | None = None,
+    ):
         from mlflow import MlflowClient
 
         self.client = MlflowClient(tracking_uri)
@@ -65,10 +83,14 @@ class MlflowTracker:
         """Many steps' metrics in as few `log_batch` calls as MLflow allows (finite numbers only)."""
         from mlflow.entities import Metric
 
-        ms = [Metric(k, float(v), ts, step or 0) for metrics, step, ts in rows for k, v in metrics.items()
-              if isinstance(v, (int, float)) and math.isfinite(float(v))]
+        ms = [
+            Metric(k, float(v), ts, step or 0)
+            for metrics, step, ts in rows
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and math.isfinite(float(v))
+        ]
         for i in range(0, len(ms), MAX_METRICS_PER_BATCH):
-            self.client.log_batch(self.run_id, metrics=ms[i:i + MAX_METRICS_PER_BATCH])
+            self.client.log_batch(self.run_id, metrics=ms[i : i + MAX_METRICS_PER_BATCH])
 
     def log_artifact(self, path, artifact_path=None):
         if Path(path).is_dir():
@@ -109,8 +131,9 @@ class BatchedMetrics:
         if not self.rows:
             self._since = now
         self.rows.append((dict(metrics), step or 0, int(now * 1000)))
-        if ((self.every_steps and len(self.rows) >= self.every_steps)
-                or (self.every_s is not None and now - self._since >= self.every_s)):
+        if (self.every_steps and len(self.rows) >= self.every_steps) or (
+            self.every_s is not None and now - self._since >= self.every_s
+        ):
             self.flush()
 
     def flush(self) -> None:
@@ -123,10 +146,21 @@ class BatchedMetrics:
             self.first_s = self.first_s or dt
 
 
-def log_sweep_runs(study: Study, df: pd.DataFrame, *, kind: str, child_kind: str, run_name: str, parent_params: dict[str, Any],
-                   child_name: Callable[[dict], str], child_params: Callable[[dict], dict],
-                   child_metrics: Callable[[dict], dict], parent_metrics: dict[str, float],
-                   artifacts: list[Path], history: Callable[[dict], list[dict]] | None = None) -> str:
+def log_sweep_runs(
+    study: Study,
+    df: pd.DataFrame,
+    *,
+    kind: str,
+    child_kind: str,
+    run_name: str,
+    parent_params: dict[str, Any],
+    child_name: Callable[[dict], str],
+    child_params: Callable[[dict], dict],
+    child_metrics: Callable[[dict], dict],
+    parent_metrics: dict[str, float],
+    artifacts: list[Path],
+    history: Callable[[dict], list[dict]] | None = None,
+) -> str:
     """One parent run per sweep and one child per row of its table (tag `mlflow.parentRunId`).
 
     Written from the driver after Tune returns, so trials never contend for a SQLite store, and
@@ -139,16 +173,25 @@ def log_sweep_runs(study: Study, df: pd.DataFrame, *, kind: str, child_kind: str
         parent = study.tracker(run_name, kind=kind, tags={"hpt.spec_hash": study.spec_hash})
         parent.log_params(parent_params)
     client = parent.client
-    done = {r.data.tags.get(TAG_TRIAL) for r in client.search_runs(
-        [client.get_run(parent.run_id).info.experiment_id],
-        filter_string=f"tags.`mlflow.parentRunId` = '{parent.run_id}'", max_results=10000)}
+    done = {
+        r.data.tags.get(TAG_TRIAL)
+        for r in client.search_runs(
+            [client.get_run(parent.run_id).info.experiment_id],
+            filter_string=f"tags.`mlflow.parentRunId` = '{parent.run_id}'",
+            max_results=10000,
+        )
+    }
     for row in df.to_dict(orient="records"):
         if row["trial_id"] in done:
             continue
-        child = study.tracker(child_name(row), kind=child_kind,
-                              parent_run_id=parent.run_id, tags={TAG_TRIAL: row["trial_id"], "status": row["status"]})
+        child = study.tracker(
+            child_name(row),
+            kind=child_kind,
+            parent_run_id=parent.run_id,
+            tags={TAG_TRIAL: row["trial_id"], "status": row["status"]},
+        )
         child.log_params(child_params(row))
-        for h in (history(row) if history else []):
+        for h in history(row) if history else []:
             child.log_metrics({k: v for k, v in h.items() if k != "step"}, step=int(h.get("step", 0)))
         child.log_metrics(child_metrics(row))
         child.end("FINISHED" if row["status"] == "ok" else "FAILED")
@@ -167,6 +210,7 @@ def _find_parent(study: Study, kind: str) -> str | None:
     exp = client.get_experiment_by_name(study.experiment)
     if not exp:
         return None
-    runs = client.search_runs([exp.experiment_id],
-                              filter_string=f"tags.`{TAG_STUDY}` = '{study.root}' and tags.`{TAG_KIND}` = '{kind}'")
+    runs = client.search_runs(
+        [exp.experiment_id], filter_string=f"tags.`{TAG_STUDY}` = '{study.root}' and tags.`{TAG_KIND}` = '{kind}'"
+    )
     return runs[0].info.run_id if runs else None

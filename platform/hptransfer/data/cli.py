@@ -8,14 +8,17 @@ import typer
 
 from hptransfer.console import say, user_errors
 
-app = typer.Typer(help="Your corpus: tokenize local files once (sweep trials and large-run workers read the result).",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Your corpus: tokenize local files once (sweep trials and large-run workers read the result).", no_args_is_help=True
+)
 
 
 @app.command()
 @user_errors
-def prepare(spec: Path = typer.Argument(..., help="Study spec YAML with data.corpus: files."),
-            force: bool = typer.Option(False, "--force", help="Prepare again even if inputs and tokenizer are unchanged.")):
+def prepare(
+    spec: Path = typer.Argument(..., help="Study spec YAML with data.corpus: files."),
+    force: bool = typer.Option(False, "--force", help="Prepare again even if inputs and tokenizer are unchanged."),
+):
     """Read data.paths through Hugging Face `datasets`, tokenize with data.tokenizer, split train/validation
     by a stable hash of each document, and write token files with a manifest (input hashes, tokenizer
     hash, token counts) under data.cache_dir. Reused while inputs and tokenizer are unchanged; checks
@@ -32,13 +35,19 @@ def prepare(spec: Path = typer.Argument(..., help="Study spec YAML with data.cor
         return
     p = prepare_data(s.data, force=force, log=say)
     corpus = TokenCorpus.open(p.folder, p.manifest)
-    check_size(corpus, s.data, seq_len=s.model.seq_len, steps=s.sweep.steps, batch_size=s.sweep.batch_size,
-               what="each sweep trial")
-    check_size(corpus, s.data, seq_len=s.model.seq_len, steps=s.target_steps, batch_size=s.target_batch_size,
-               what="the target run")
+    check_size(
+        corpus, s.data, seq_len=s.model.seq_len, steps=s.sweep.steps, batch_size=s.sweep.batch_size, what="each sweep trial"
+    )
+    check_size(
+        corpus, s.data, seq_len=s.model.seq_len, steps=s.target_steps, batch_size=s.target_batch_size, what="the target run"
+    )
     m = p.manifest
     say(f"{'reused' if p.reused else 'prepared'} {p.folder}")
-    say(f"  {len(m['inputs'])} file(s), documents train/val {m['documents']['train']:,}/{m['documents']['val']:,}, "
-        f"tokens train/val {m['tokens']['train']:,}/{m['tokens']['val']:,} ({m['dtype']})")
-    say(f"  tokenizer {m['tokenizer']['name']} (vocabulary {m['tokenizer']['vocab_size']:,}, "
-        f"sha256 {m['tokenizer']['sha256'][:12]})")
+    say(
+        f"  {len(m['inputs'])} file(s), documents train/val {m['documents']['train']:,}/{m['documents']['val']:,}, "
+        f"tokens train/val {m['tokens']['train']:,}/{m['tokens']['val']:,} ({m['dtype']})"
+    )
+    say(
+        f"  tokenizer {m['tokenizer']['name']} (vocabulary {m['tokenizer']['vocab_size']:,}, "
+        f"sha256 {m['tokenizer']['sha256'][:12]})"
+    )

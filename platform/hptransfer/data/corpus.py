@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 Corpus = ByteCorpus | TokenCorpus
 
 
-def open_corpus(data: DataSpec, *, seq_len: int | None = None, steps: int | None = None,
-                batch_size: int | None = None) -> Corpus:
+def open_corpus(data: DataSpec, *, seq_len: int | None = None, steps: int | None = None, batch_size: int | None = None) -> Corpus:
     """The corpus `data` describes. With `seq_len` (and `steps`, `batch_size`), checks it is large
     enough for that run (`check_size`)."""
     if data.corpus == "stdlib":
@@ -37,25 +36,45 @@ def open_corpus(data: DataSpec, *, seq_len: int | None = None, steps: int | None
     return corpus
 
 
-def check_size(corpus: Corpus, data: DataSpec, *, seq_len: int, steps: int | None = None,
-               batch_size: int | None = None, what: str = "the run") -> None:
+def check_size(
+    corpus: Corpus,
+    data: DataSpec,
+    *,
+    seq_len: int,
+    steps: int | None = None,
+    batch_size: int | None = None,
+    what: str = "the run",
+) -> None:
     """Each split must hold more than one window of seq_len + 1 tokens, and `steps × batch_size ×
     seq_len` must not pass over the training tokens more than `data.max_epochs` times."""
     n = corpus.n_tokens
     where = "data.paths" if data.corpus == "files" else "data.max_files"
     problems = []
-    for split, fix in (("train", "add documents or lower model.seq_len"),
-                       ("val", "add documents, raise data.val_fraction or lower model.seq_len")):
+    for split, fix in (
+        ("train", "add documents or lower model.seq_len"),
+        ("val", "add documents, raise data.val_fraction or lower model.seq_len"),
+    ):
         if n[split] <= seq_len + 1:
-            problems.append(Problem(where, f"the {'training' if split == 'train' else 'validation'} split has "
-                                    f"{n[split]} tokens, too few for one sequence of model.seq_len + 1 = {seq_len + 1}", fix=fix))
+            problems.append(
+                Problem(
+                    where,
+                    f"the {'training' if split == 'train' else 'validation'} split has "
+                    f"{n[split]} tokens, too few for one sequence of model.seq_len + 1 = {seq_len + 1}",
+                    fix=fix,
+                )
+            )
     if not problems and steps and batch_size:
         need = steps * batch_size * seq_len
         epochs = need / n["train"]
         if epochs > data.max_epochs:
-            problems.append(Problem(where, f"the corpus is too small for {what}: steps × batch_size × seq_len = "
-                                    f"{steps} × {batch_size} × {seq_len} = {need:,} tokens is {epochs:.0f} passes over "
-                                    f"its {n['train']:,} training tokens, above data.max_epochs={data.max_epochs:g}",
-                                    fix="add documents, train fewer steps, or raise data.max_epochs deliberately"))
+            problems.append(
+                Problem(
+                    where,
+                    f"the corpus is too small for {what}: steps × batch_size × seq_len = "
+                    f"{steps} × {batch_size} × {seq_len} = {need:,} tokens is {epochs:.0f} passes over "
+                    f"its {n['train']:,} training tokens, above data.max_epochs={data.max_epochs:g}",
+                    fix="add documents, train fewer steps, or raise data.max_epochs deliberately",
+                )
+            )
     if problems:
         raise DataError(str(getattr(corpus, "folder", "corpus")), problems)

@@ -33,8 +33,13 @@ def input_files(data: DataSpec) -> list[Path]:
     for i, pattern in enumerate(data.paths):
         hits = [Path(p) for p in sorted(glob.glob(str(Path(pattern).expanduser()), recursive=True)) if Path(p).is_file()]
         if not hits:
-            problems.append(Problem(f"data.paths[{i}]", f"no file matches {pattern}",
-                                    fix="check the path (relative patterns start from the folder hpt was run in)"))
+            problems.append(
+                Problem(
+                    f"data.paths[{i}]",
+                    f"no file matches {pattern}",
+                    fix="check the path (relative patterns start from the folder hpt was run in)",
+                )
+            )
         files.update((str(p.resolve()), p.resolve()) for p in hits)
     if problems:
         raise DataError("data.paths", problems)
@@ -44,8 +49,16 @@ def input_files(data: DataSpec) -> list[Path]:
 def file_format(path: Path, data: DataSpec) -> str:
     fmt = data.format or EXTENSIONS.get(path.suffix.lower())
     if fmt is None:
-        raise DataError(str(path), [Problem(str(path), f"cannot tell the format from the extension {path.suffix!r} "
-                                            f"(known: {', '.join(EXTENSIONS)})", fix="set data.format: text, jsonl or parquet")])
+        raise DataError(
+            str(path),
+            [
+                Problem(
+                    str(path),
+                    f"cannot tell the format from the extension {path.suffix!r} (known: {', '.join(EXTENSIONS)})",
+                    fix="set data.format: text, jsonl or parquet",
+                )
+            ],
+        )
     return fmt
 
 
@@ -69,13 +82,19 @@ def utf8_problem(path: Path) -> Problem | None:
             except UnicodeDecodeError as e:
                 if e.end < len(chunk) or e.reason != "unexpected end of data":
                     pos = offset - len(tail) + e.start
-                    return Problem(str(path), f"not UTF-8 text: byte {pos} is {chunk[e.start:e.start + 1]!r}",
-                                   fix=f"convert it, e.g. `iconv -f latin1 -t utf-8 {path} > {path.stem}.utf8{path.suffix}`")
-                tail = chunk[e.start:]  # a character cut by the block boundary
+                    return Problem(
+                        str(path),
+                        f"not UTF-8 text: byte {pos} is {chunk[e.start : e.start + 1]!r}",
+                        fix=f"convert it, e.g. `iconv -f latin1 -t utf-8 {path} > {path.stem}.utf8{path.suffix}`",
+                    )
+                tail = chunk[e.start :]  # a character cut by the block boundary
             offset += len(block)
         if tail:
-            return Problem(str(path), f"not UTF-8 text: it ends inside a character (byte {offset - len(tail)})",
-                           fix="check the file is complete and UTF-8")
+            return Problem(
+                str(path),
+                f"not UTF-8 text: it ends inside a character (byte {offset - len(tail)})",
+                fix="check the file is complete and UTF-8",
+            )
     return None
 
 
@@ -102,24 +121,56 @@ def documents(path: Path, data: DataSpec) -> Iterator[list[str]]:
             ds = _load(path, fmt, cache)
         except Exception as e:  # datasets wraps the reader's error (pyarrow, json) in its own types
             cause = e.__cause__ or e
-            raise DataError(str(path), [Problem(str(path), f"cannot be read as {fmt}: {type(cause).__name__}: {cause}",
-                                                fix="check the file, or set data.format to its real format")]) from None
+            raise DataError(
+                str(path),
+                [
+                    Problem(
+                        str(path),
+                        f"cannot be read as {fmt}: {type(cause).__name__}: {cause}",
+                        fix="check the file, or set data.format to its real format",
+                    )
+                ],
+            ) from None
         if field not in ds.column_names:
-            raise DataError(str(path), [Problem(str(path), f"has no field {field!r} (its fields: {', '.join(ds.column_names)})",
-                                                fix="set data.text_field to the field that holds the text")])
+            raise DataError(
+                str(path),
+                [
+                    Problem(
+                        str(path),
+                        f"has no field {field!r} (its fields: {', '.join(ds.column_names)})",
+                        fix="set data.text_field to the field that holds the text",
+                    )
+                ],
+            )
         total, row = 0, 0
         for batch in ds.iter(batch_size=READ_BATCH):
             texts = batch[field]
             bad = [row + i for i, t in enumerate(texts) if not isinstance(t, str)]
             if bad:
-                raise DataError(str(path), [Problem(str(path), f"{field!r} is missing or not text in row(s) {bad[:5]} "
-                                                    f"(0-based){' and more' if len(bad) > 5 else ''}",
-                                                    fix=f"give every row a string {field!r}, or drop those rows")])
+                raise DataError(
+                    str(path),
+                    [
+                        Problem(
+                            str(path),
+                            f"{field!r} is missing or not text in row(s) {bad[:5]} "
+                            f"(0-based){' and more' if len(bad) > 5 else ''}",
+                            fix=f"give every row a string {field!r}, or drop those rows",
+                        )
+                    ],
+                )
             row += len(texts)
             docs = [t for t in texts if t.strip()]
             total += len(docs)
             if docs:
                 yield docs
     if total == 0:
-        raise DataError(str(path), [Problem(str(path), f"every {field!r} is empty ({row} rows)" if fmt != "text" else "no text",
-                                            fix="remove the file from data.paths or fill it")])
+        raise DataError(
+            str(path),
+            [
+                Problem(
+                    str(path),
+                    f"every {field!r} is empty ({row} rows)" if fmt != "text" else "no text",
+                    fix="remove the file from data.paths or fill it",
+                )
+            ],
+        )

@@ -50,8 +50,14 @@ SPLIT_FILES = {"train": TRAIN_BIN, "val": VAL_BIN}
 
 
 def cache_key(data: DataSpec) -> str:
-    what = {"paths": list(data.paths), "format": data.format, "text_field": data.text_field, "tokenizer": data.tokenizer,
-            "val_fraction": data.val_fraction, "version": PREP_VERSION}
+    what = {
+        "paths": list(data.paths),
+        "format": data.format,
+        "text_field": data.text_field,
+        "tokenizer": data.tokenizer,
+        "val_fraction": data.val_fraction,
+        "version": PREP_VERSION,
+    }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -113,7 +119,11 @@ def stale_reason(data: DataSpec, folder: Path, files: list[Path]) -> str | None:
         if (st.st_size, st.st_mtime_ns) != (r["size"], r["mtime_ns"]) and sha256_file(f) != r["sha256"]:
             return f"{f} changed"
     tok = data.tokenizer
-    if tok != tokenizers.BYTE and tokenizers.folder_problem(tok) is None and tokenizers.fingerprint(tok) != m["tokenizer"]["sha256"]:
+    if (
+        tok != tokenizers.BYTE
+        and tokenizers.folder_problem(tok) is None
+        and tokenizers.fingerprint(tok) != m["tokenizer"]["sha256"]
+    ):
         return f"the tokenizer in {tok} changed"
     return None
 
@@ -150,13 +160,16 @@ def _write(data: DataSpec, files: list[Path], folder: Path) -> dict[str, Any]:
         if problems:
             raise DataError("data.paths", problems)
         manifest = {
-            "version": PREP_VERSION, "created": dt.datetime.now().isoformat(timespec="seconds"),
+            "version": PREP_VERSION,
+            "created": dt.datetime.now().isoformat(timespec="seconds"),
             "inputs": inputs,
-            "format": data.format, "text_field": data.text_field,
-            "tokenizer": {"name": tok.name, "sha256": tok.fingerprint, "vocab_size": tok.vocab_size,
-                          "separator": tok.separator},
-            "split": {"val_fraction": data.val_fraction,
-                      "rule": "validation iff sha256(document text)[:8] / 2**64 < val_fraction"},
+            "format": data.format,
+            "text_field": data.text_field,
+            "tokenizer": {"name": tok.name, "sha256": tok.fingerprint, "vocab_size": tok.vocab_size, "separator": tok.separator},
+            "split": {
+                "val_fraction": data.val_fraction,
+                "rule": "validation iff sha256(document text)[:8] / 2**64 < val_fraction",
+            },
             "dtype": dtype.name,
             "tokens": {s: sum(i["tokens"][s] for i in inputs) for s in SPLIT_FILES},
             "documents": {s: sum(i["documents"][s] for i in inputs) for s in SPLIT_FILES},
@@ -183,8 +196,15 @@ def _tokenize_file(f: Path, data: DataSpec, tok: tokenizers.Tokenizer, dtype: np
                 arr.tofile(outs[split])
                 tokens[split] += len(arr)
                 docs[split] += len(seqs)
-    return {"path": str(f), "format": file_format(f, data), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "sha256": sha256_file(f), "documents": docs, "tokens": tokens}
+    return {
+        "path": str(f),
+        "format": file_format(f, data),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "sha256": sha256_file(f),
+        "documents": docs,
+        "tokens": tokens,
+    }
 
 
 @dataclass(frozen=True)
@@ -215,7 +235,7 @@ class TokenCorpus:
         """Batch number `step` of `split`: (inputs, next-token targets), int64 [batch_size, seq_len]."""
         data = self.train if split == "train" else self.val
         starts = window_starts(len(data), split, step, batch_size, seq_len, seed)
-        chunk = torch.from_numpy(np.stack([data[s:s + seq_len + 1] for s in starts.tolist()]).astype(np.int64))
+        chunk = torch.from_numpy(np.stack([data[s : s + seq_len + 1] for s in starts.tolist()]).astype(np.int64))
         return chunk[:, :-1], chunk[:, 1:]
 
     def val_batches(self, n: int, batch_size: int, seq_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -74,7 +74,9 @@ def load_corpus(val_fraction: float = 0.1, max_files: int | None = 400) -> ByteC
         target = val if _bucket("split:" + rel) < val_fraction else train
         target.append(path.read_bytes().replace(b"\x00", b"") + bytes([_SEP]))
     if not train or not val:
-        raise RuntimeError(f"stdlib corpus split is empty (train={len(train)}, val={len(val)} files); "
-                           "raise data.max_files or adjust data.val_fraction")
+        raise RuntimeError(
+            f"stdlib corpus split is empty (train={len(train)}, val={len(val)} files); "
+            "raise data.max_files or adjust data.val_fraction"
+        )
     as_tensor = lambda parts: torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8)
     return ByteCorpus(as_tensor(train), as_tensor(val), len(train), len(val))

@@ -22,8 +22,18 @@ BYTE = "byte"
 BYTE_VOCAB = 256
 BYTE_SEPARATOR = 0  # NUL: removed from the text, so it only ever marks a document boundary
 # What AutoTokenizer reads from a folder; at least one of the first five must be there.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "special_tokens_map.json", "added_tokens.json", "merges.txt", "spiece.model", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "merges.txt",
+    "spiece.model",
+    "chat_template.jinja",
+)
 
 
 @dataclass(frozen=True)
@@ -51,8 +61,10 @@ def folder_problem(path: str) -> str | None:
     if not p.is_dir():
         return f"{p} is a file; give the folder that holds it (tokenizer.json with tokenizer_config.json)"
     if not any((p / n).is_file() for n in TOKENIZER_FILES[:5]):
-        return (f"{p} is a folder without a tokenizer (none of {', '.join(TOKENIZER_FILES[:5])}); save one there "
-                f"with `tokenizer.save_pretrained('{p}')`, or use tokenizer: byte")
+        return (
+            f"{p} is a folder without a tokenizer (none of {', '.join(TOKENIZER_FILES[:5])}); save one there "
+            f"with `tokenizer.save_pretrained('{p}')`, or use tokenizer: byte"
+        )
     return None
 
 
@@ -80,19 +92,28 @@ def load_hf(path: str) -> Any:
     try:
         return _auto(str(folder(path)), fingerprint(path))
     except Exception as e:  # AutoTokenizer raises OSError, ValueError, KeyError, ... for broken folders
-        raise DataError("data.tokenizer", [Problem("data.tokenizer", f"{folder(path)}: AutoTokenizer cannot load it "
-                                                   f"({type(e).__name__}: {e})",
-                                                   fix="re-save it with tokenizer.save_pretrained(DIR)")]) from None
+        raise DataError(
+            "data.tokenizer",
+            [
+                Problem(
+                    "data.tokenizer",
+                    f"{folder(path)}: AutoTokenizer cannot load it ({type(e).__name__}: {e})",
+                    fix="re-save it with tokenizer.save_pretrained(DIR)",
+                )
+            ],
+        ) from None
 
 
 def load(name: str) -> Tokenizer:
     if name == BYTE:
-        return Tokenizer(BYTE, BYTE_VOCAB, BYTE_SEPARATOR, BYTE,
-                         lambda docs: [list(d.replace("\x00", "").encode("utf-8")) for d in docs])
+        return Tokenizer(
+            BYTE, BYTE_VOCAB, BYTE_SEPARATOR, BYTE, lambda docs: [list(d.replace("\x00", "").encode("utf-8")) for d in docs]
+        )
     tok = load_hf(name)
     sep = tok.eos_token_id
-    return Tokenizer(str(folder(name)), len(tok), sep, fingerprint(name),
-                     lambda docs: tok(docs, add_special_tokens=False)["input_ids"])
+    return Tokenizer(
+        str(folder(name)), len(tok), sep, fingerprint(name), lambda docs: tok(docs, add_special_tokens=False)["input_ids"]
+    )
 
 
 def vocab_size(name: str) -> int:
@@ -126,6 +147,8 @@ def tokenizer_problems(name: str, model_vocab: int | None) -> list[str]:
     except DataError as e:
         return [str(p) for p in e.problems]
     if model_vocab is not None and model_vocab < n:
-        return [f"model.vocab_size={model_vocab} is smaller than data.tokenizer's vocabulary {n}; remove "
-                "model.vocab_size (it follows the tokenizer) or raise it"]
+        return [
+            f"model.vocab_size={model_vocab} is smaller than data.tokenizer's vocabulary {n}; remove "
+            "model.vocab_size (it follows the tokenizer) or raise it"
+        ]
     return []

@@ -25,20 +25,54 @@ from typing import Any, TextIO
 # without `/` matches at any depth, a trailing `/` matches directories only.
 DEFAULT_EXCLUDES = [
     # secrets: dotenv files, keys and certificates' private halves, Ray/cloud/SSH credentials
-    ".env", ".env.*", "*.pem", "*.key", "*.p12", "*.pfx", "id_rsa*", "id_ed25519*", "id_ecdsa*",
-    ".ray/", "auth_token", "*.token", ".netrc", ".pypirc", ".git-credentials", ".ssh/", ".aws/",
-    ".kube/", "kubeconfig", ".docker/",
+    ".env",
+    ".env.*",
+    "*.pem",
+    "*.key",
+    "*.p12",
+    "*.pfx",
+    "id_rsa*",
+    "id_ed25519*",
+    "id_ecdsa*",
+    ".ray/",
+    "auth_token",
+    "*.token",
+    ".netrc",
+    ".pypirc",
+    ".git-credentials",
+    ".ssh/",
+    ".aws/",
+    ".kube/",
+    "kubeconfig",
+    ".docker/",
     # version control
     ".git/",
     # local databases and tracking stores
-    "*.db", "*.sqlite", "*.sqlite3", "mlruns/", "mlartifacts/",
+    "*.db",
+    "*.sqlite",
+    "*.sqlite3",
+    "mlruns/",
+    "mlartifacts/",
     # virtual environments
-    ".venv/", "venv/", ".tox/", ".nox/",
+    ".venv/",
+    "venv/",
+    ".tox/",
+    ".nox/",
     # caches and build outputs
-    ".cache/", "__pycache__/", "*.pyc", "*.egg-info/", ".pytest_cache/", ".ruff_cache/", ".mypy_cache/",
-    ".hypothesis/", "build/", "dist/",
+    ".cache/",
+    "__pycache__/",
+    "*.pyc",
+    "*.egg-info/",
+    ".pytest_cache/",
+    ".ruff_cache/",
+    ".mypy_cache/",
+    ".hypothesis/",
+    "build/",
+    "dist/",
     # study folders and run outputs (written on the cluster, never read from here)
-    "studies/", "runs/", "ray_results/",
+    "studies/",
+    "runs/",
+    "ray_results/",
 ]
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 
@@ -74,8 +108,7 @@ def spec_in_project(spec: Path, project: Path) -> str:
         ) from None
 
 
-def runtime_env(project: Path, env_vars: dict[str, str] | None = None,
-                extra_excludes: list[str] | None = None) -> dict[str, Any]:
+def runtime_env(project: Path, env_vars: dict[str, str] | None = None, extra_excludes: list[str] | None = None) -> dict[str, Any]:
     """Ray runtime_env carrying the project as working_dir and the package as a py_module."""
     env: dict[str, Any] = {
         "working_dir": str(project),
@@ -137,8 +170,7 @@ def upload_listing(env: dict[str, Any]) -> dict[str, list[str]]:
     with tempfile.TemporaryDirectory(prefix="hpt-upload-") as tmp:
         for i, (path, parent, excludes) in enumerate(packages):
             target = Path(tmp) / f"{i}.zip"
-            create_package(str(path), target, include_gitignore=include_gitignore, include_parent_dir=parent,
-                           excludes=excludes)
+            create_package(str(path), target, include_gitignore=include_gitignore, include_parent_dir=parent, excludes=excludes)
             with zipfile.ZipFile(target) as z:
                 out[str(path)] = sorted(n for n in z.namelist() if not n.endswith("/"))
     return out

@@ -107,8 +107,10 @@ class ClusterShape(BaseModel):
     @classmethod
     def _image(cls, v: str) -> str:
         if not _IMAGE.match(v):
-            raise ValueError(f"not an image reference: {v!r} (expected REGISTRY/NAME[:TAG][@sha256:<64 hex digits>], "
-                             "e.g. ghcr.io/hptransfer/hptransfer:0.1.0-cpu)")
+            raise ValueError(
+                f"not an image reference: {v!r} (expected REGISTRY/NAME[:TAG][@sha256:<64 hex digits>], "
+                "e.g. ghcr.io/hptransfer/hptransfer:0.1.0-cpu)"
+            )
         return v
 
 
@@ -160,8 +162,7 @@ class RayJobRequest(ClusterShape):
     def _name_ok(self) -> RayJobRequest:
         if not _DNS1123.match(self.job_name) or len(self.job_name) > _MAX_NAME:
             raise ValueError(
-                f"RayJob name {self.job_name!r} must be a DNS-1123 label of at most {_MAX_NAME} "
-                "characters; pass --name"
+                f"RayJob name {self.job_name!r} must be a DNS-1123 label of at most {_MAX_NAME} characters; pass --name"
             )
         return self
 
@@ -226,8 +227,9 @@ def _labels(component: str, study: str | None, **extra: str) -> dict[str, str]:
     return labels
 
 
-def _ray_pod(shape: ClusterShape, study: str | None, *, role: str, container: dict[str, Any],
-             gpus: int, spec_configmap: str | None = None) -> dict[str, Any]:
+def _ray_pod(
+    shape: ClusterShape, study: str | None, *, role: str, container: dict[str, Any], gpus: int, spec_configmap: str | None = None
+) -> dict[str, Any]:
     mounts = [
         {"name": "tmp", "mountPath": "/tmp"},
         {"name": "dshm", "mountPath": "/dev/shm"},
@@ -264,19 +266,33 @@ def _ray_pod(shape: ClusterShape, study: str | None, *, role: str, container: di
 def ray_cluster_spec(shape: ClusterShape, study: str | None = None, spec_configmap: str | None = None) -> dict[str, Any]:
     """`spec` of a RayCluster (also `spec.rayClusterSpec` of a RayJob): one head, fixed workers;
     with `spec_configmap`, every node mounts that ConfigMap at SPEC_MOUNT."""
-    head = _ray_pod(shape, study, role="head", gpus=0, spec_configmap=spec_configmap, container={
-        "name": "ray-head",
-        "ports": [
-            {"name": "gcs", "containerPort": 6379},
-            {"name": "dashboard", "containerPort": 8265},
-            {"name": "client", "containerPort": 10001},
-        ],
-        "resources": resources(shape.head_cpus, shape.head_memory),
-    })
-    worker = _ray_pod(shape, study, role="worker", gpus=shape.gpus_per_worker, spec_configmap=spec_configmap, container={
-        "name": "ray-worker",
-        "resources": resources(shape.cpus_per_worker, shape.memory_per_worker, gpus=shape.gpus_per_worker),
-    })
+    head = _ray_pod(
+        shape,
+        study,
+        role="head",
+        gpus=0,
+        spec_configmap=spec_configmap,
+        container={
+            "name": "ray-head",
+            "ports": [
+                {"name": "gcs", "containerPort": 6379},
+                {"name": "dashboard", "containerPort": 8265},
+                {"name": "client", "containerPort": 10001},
+            ],
+            "resources": resources(shape.head_cpus, shape.head_memory),
+        },
+    )
+    worker = _ray_pod(
+        shape,
+        study,
+        role="worker",
+        gpus=shape.gpus_per_worker,
+        spec_configmap=spec_configmap,
+        container={
+            "name": "ray-worker",
+            "resources": resources(shape.cpus_per_worker, shape.memory_per_worker, gpus=shape.gpus_per_worker),
+        },
+    )
     return {
         "rayVersion": shape.ray_version,
         # Ray token auth on GCS, dashboard and Jobs API: KubeRay (>= 1.5.1) generates the token
@@ -290,14 +306,16 @@ def ray_cluster_spec(shape: ClusterShape, study: str | None = None, spec_configm
             "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0"},
             "template": head,
         },
-        "workerGroupSpecs": [{
-            "groupName": "gpu" if shape.gpus_per_worker else "cpu",
-            "replicas": shape.workers,
-            "minReplicas": shape.workers,
-            "maxReplicas": shape.workers,
-            "rayStartParams": {},
-            "template": worker,
-        }],
+        "workerGroupSpecs": [
+            {
+                "groupName": "gpu" if shape.gpus_per_worker else "cpu",
+                "replicas": shape.workers,
+                "minReplicas": shape.workers,
+                "maxReplicas": shape.workers,
+                "rayStartParams": {},
+                "template": worker,
+            }
+        ],
     }
 
 
@@ -310,14 +328,16 @@ def _submitter_pod(req: RayJobRequest) -> dict[str, Any]:
             "serviceAccountName": SERVICE_ACCOUNT,
             "automountServiceAccountToken": False,
             "securityContext": pod_security_context(),
-            "containers": [{
-                "name": "ray-job-submitter",
-                "image": req.image,
-                "env": [{"name": "HOME", "value": "/tmp"}, {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}],
-                "resources": resources("1", "1Gi", cpu_request="250m"),
-                "securityContext": container_security_context(),
-                "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
-            }],
+            "containers": [
+                {
+                    "name": "ray-job-submitter",
+                    "image": req.image,
+                    "env": [{"name": "HOME", "value": "/tmp"}, {"name": "RAY_USAGE_STATS_ENABLED", "value": "0"}],
+                    "resources": resources("1", "1Gi", cpu_request="250m"),
+                    "securityContext": container_security_context(),
+                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                }
+            ],
             "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}],
         },
     }
@@ -343,8 +363,7 @@ def render_rayjob(req: RayJobRequest) -> dict[str, Any]:
     `ttl_seconds_after_finished` after the job ends. Needs `render_spec_configmap(req)` applied."""
     # --address auto: join the RayJob's cluster (the driver runs on its head) instead of
     # starting a local Ray sized by the spec.
-    entrypoint = shlex.join(["hpt", "run", req.spec_path, "--study-dir", f"{STUDIES_MOUNT}/{req.study}",
-                             "--address", "auto"])
+    entrypoint = shlex.join(["hpt", "run", req.spec_path, "--study-dir", f"{STUDIES_MOUNT}/{req.study}", "--address", "auto"])
     # The image already holds the project, so the runtime env carries settings, not code.
     runtime_env = {"env_vars": {e["name"]: e["value"] for e in _env(req) if e["name"] != "HOME"}}
     labels = _object_labels(req)
@@ -355,15 +374,17 @@ def render_rayjob(req: RayJobRequest) -> dict[str, Any]:
         spec["suspend"] = True
     if req.active_deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = req.active_deadline_seconds
-    spec.update({
-        "entrypoint": entrypoint,
-        "runtimeEnvYAML": yaml.safe_dump(runtime_env, sort_keys=True),
-        "shutdownAfterJobFinishes": True,
-        "ttlSecondsAfterFinished": req.ttl_seconds_after_finished,
-        "submitterConfig": {"backoffLimit": req.submitter_backoff_limit},
-        "submitterPodTemplate": _submitter_pod(req),
-        "rayClusterSpec": ray_cluster_spec(req, req.study, req.spec_configmap),
-    })
+    spec.update(
+        {
+            "entrypoint": entrypoint,
+            "runtimeEnvYAML": yaml.safe_dump(runtime_env, sort_keys=True),
+            "shutdownAfterJobFinishes": True,
+            "ttlSecondsAfterFinished": req.ttl_seconds_after_finished,
+            "submitterConfig": {"backoffLimit": req.submitter_backoff_limit},
+            "submitterPodTemplate": _submitter_pod(req),
+            "rayClusterSpec": ray_cluster_spec(req, req.study, req.spec_configmap),
+        }
+    )
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",
@@ -383,8 +404,7 @@ def render_raycluster(shape: ClusterShape, name: str = "hpt-sweeps") -> dict[str
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayCluster",
-        "metadata": {"name": name, "namespace": shape.namespace,
-                     "labels": {**PART_OF, "app.kubernetes.io/name": "hptransfer"}},
+        "metadata": {"name": name, "namespace": shape.namespace, "labels": {**PART_OF, "app.kubernetes.io/name": "hptransfer"}},
         "spec": ray_cluster_spec(shape),
     }
 
@@ -405,14 +425,16 @@ _Dumper.add_representer(str, _str)
 def to_yaml(obj: dict[str, Any] | list[dict[str, Any]], header: str = "") -> str:
     """One object, or several as a multi-document stream (`---` between them)."""
     objs = obj if isinstance(obj, list) else [obj]
-    body = "---\n".join(yaml.dump(o, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100,
-                                  allow_unicode=True)
-                        for o in objs)
+    body = "---\n".join(
+        yaml.dump(o, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100, allow_unicode=True) for o in objs
+    )
     return (header + body) if header else body
 
 
-_GENERATED = ("# Generated by `python -m hptransfer.deploy.render k8s/base` from {what};\n"
-              "# edit render.py or the spec, not this file. tests/test_k8s_manifests.py fails when they differ.\n")
+_GENERATED = (
+    "# Generated by `python -m hptransfer.deploy.render k8s/base` from {what};\n"
+    "# edit render.py or the spec, not this file. tests/test_k8s_manifests.py fails when they differ.\n"
+)
 
 
 def base_manifests(project: Path | None = None) -> dict[str, tuple[str, list[dict[str, Any]]]]:

@@ -46,8 +46,9 @@ def prv_eps_error(epsilon: float) -> float:
 
 
 @lru_cache(maxsize=4096)
-def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int,
-                     accountant: str = "prv", epsilon_tolerance: float = 0.01) -> float:
+def noise_multiplier(
+    epsilon: float, delta: float, sample_rate: float, steps: int, accountant: str = "prv", epsilon_tolerance: float = 0.01
+) -> float:
     """σ such that T steps of the sampled Gaussian mechanism at rate q spend at most (ε, δ).
 
     Raises ValueError when no σ ≤ 1e6 does (Opacus' own bound)."""
@@ -57,9 +58,17 @@ def noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: in
     with warnings.catch_warnings():
         # RDP's "optimal order is the largest alpha" and PRV's log(0) at q = 1 are expected here.
         warnings.simplefilter("ignore")
-        return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-                                          steps=steps, accountant=accountant, epsilon_tolerance=epsilon_tolerance,
-                                          **extra))
+        return float(
+            get_noise_multiplier(
+                target_epsilon=epsilon,
+                target_delta=delta,
+                sample_rate=sample_rate,
+                steps=steps,
+                accountant=accountant,
+                epsilon_tolerance=epsilon_tolerance,
+                **extra,
+            )
+        )
 
 
 @lru_cache(maxsize=4096)
@@ -75,23 +84,56 @@ def epsilon_spent(sigma: float, sample_rate: float, steps: int, delta: float, ac
         return float(acc.get_epsilon(delta=delta))
 
 
-def noise_row(epsilon: float, delta: float, dataset_size: int, epochs: float, batch_size: int,
-              min_steps: int, accountant: str = "prv", epsilon_tolerance: float = 0.01) -> NoiseRow:
+def noise_row(
+    epsilon: float,
+    delta: float,
+    dataset_size: int,
+    epochs: float,
+    batch_size: int,
+    min_steps: int,
+    accountant: str = "prv",
+    epsilon_tolerance: float = 0.01,
+) -> NoiseRow:
     q = batch_size / dataset_size
     t = steps_for(dataset_size, epochs, batch_size)
     try:
         s = noise_multiplier(epsilon, delta, q, t, accountant, epsilon_tolerance)
     except ValueError:
-        return NoiseRow(batch_size=batch_size, sample_rate=q, steps=t, sigma=None, sigma_sqrt_t=None,
-                        sigma_over_b=None, feasible=False, reason=INFEASIBLE)
+        return NoiseRow(
+            batch_size=batch_size,
+            sample_rate=q,
+            steps=t,
+            sigma=None,
+            sigma_sqrt_t=None,
+            sigma_over_b=None,
+            feasible=False,
+            reason=INFEASIBLE,
+        )
     short = t < min_steps
-    return NoiseRow(batch_size=batch_size, sample_rate=q, steps=t, sigma=s, sigma_sqrt_t=s * math.sqrt(t),
-                    sigma_over_b=s / batch_size, feasible=not short,
-                    reason=f"T={t} < min_steps={min_steps}" if short else "")
+    return NoiseRow(
+        batch_size=batch_size,
+        sample_rate=q,
+        steps=t,
+        sigma=s,
+        sigma_sqrt_t=s * math.sqrt(t),
+        sigma_over_b=s / batch_size,
+        feasible=not short,
+        reason=f"T={t} < min_steps={min_steps}" if short else "",
+    )
 
 
-def noise_table(epsilon: float, delta: float, dataset_size: int, epochs: float, batch_sizes: list[int],
-                min_steps: int = 20, accountant: str = "prv", epsilon_tolerance: float = 0.01) -> list[NoiseRow]:
+def noise_table(
+    epsilon: float,
+    delta: float,
+    dataset_size: int,
+    epochs: float,
+    batch_sizes: list[int],
+    min_steps: int = 20,
+    accountant: str = "prv",
+    epsilon_tolerance: float = 0.01,
+) -> list[NoiseRow]:
     """The σ√T table over `batch_sizes` (sorted ascending)."""
-    return [noise_row(epsilon, delta, dataset_size, epochs, b, min_steps, accountant, epsilon_tolerance)
-            for b in sorted(set(batch_sizes))]
+    return [
+        noise_row(epsilon, delta, dataset_size, epochs, b, min_steps, accountant, epsilon_tolerance)
+        for b in sorted(set(batch_sizes))
+    ]

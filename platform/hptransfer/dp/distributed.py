@@ -56,8 +56,16 @@ def _worker(cfg: dict[str, Any]) -> None:
     model = DPDDP(digits.finetune_model(body))  # broadcasts rank 0's weights
     opt = torch.optim.Adam(model.parameters(), lr=c.lr)
     engine, gsm, dp_opt, loader = make_private_normalized(
-        model, opt, data.private_train, batch_size=c.batch_size, noise_multiplier=c.noise_multiplier, clip=c.clip,
-        accountant=c.accountant, generator=torch.Generator().manual_seed(c.seed * 7919 + rank), distributed=True)
+        model,
+        opt,
+        data.private_train,
+        batch_size=c.batch_size,
+        noise_multiplier=c.noise_multiplier,
+        clip=c.clip,
+        accountant=c.accountant,
+        generator=torch.Generator().manual_seed(c.seed * 7919 + rank),
+        distributed=True,
+    )
     tracker = _mlflow_run(c) if rank == 0 and c.tracking_uri else None
     step, local_examples = 0, 0
     while step < c.steps:  # every rank takes the same number of steps (collectives in each)
@@ -69,8 +77,10 @@ def _worker(cfg: dict[str, Any]) -> None:
             step += 1
             if step == c.steps:
                 break
-        metrics = {"dp/epsilon": float(engine.get_epsilon(c.delta)),
-                   "test/accuracy": digits.accuracy(model.module, data.private_test_x, data.private_test_y)}
+        metrics = {
+            "dp/epsilon": float(engine.get_epsilon(c.delta)),
+            "test/accuracy": digits.accuracy(model.module, data.private_test_x, data.private_test_y),
+        }
         if tracker:
             tracker.log_metrics(metrics, step=step)
         if step < c.steps:
@@ -78,8 +88,7 @@ def _worker(cfg: dict[str, Any]) -> None:
     total = torch.tensor([float(local_examples)])
     torch.distributed.all_reduce(total)
     hist = [(float(s), float(r), int(k)) for s, r, k in engine.accountant.history]
-    final = {**metrics, "steps": step, "mean_global_batch": float(total) / step, "accountant_history": hist,
-             "world_size": world}
+    final = {**metrics, "steps": step, "mean_global_batch": float(total) / step, "accountant_history": hist, "world_size": world}
     if tracker:
         tracker.end_run()
     if final["dp/epsilon"] > c.target_epsilon:
@@ -88,8 +97,9 @@ def _worker(cfg: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "dp_result.json"), "w") as f:
                 json.dump(final, f)
-            ray.train.report({k: v for k, v in final.items() if not isinstance(v, list)},
-                             checkpoint=ray.train.Checkpoint.from_directory(d))
+            ray.train.report(
+                {k: v for k, v in final.items() if not isinstance(v, list)}, checkpoint=ray.train.Checkpoint.from_directory(d)
+            )
     else:
         ray.train.report({k: v for k, v in final.items() if not isinstance(v, list)})
 
@@ -112,13 +122,15 @@ def train_dp_distributed(body, width: int, config: DistributedDPConfig, storage_
 
     trainer = TorchTrainer(
         _worker,
-        train_loop_config={"dp": config.model_dump(), "width": width,
-                           "body_state": {k: v.clone() for k, v in body.state_dict().items()}},
+        train_loop_config={
+            "dp": config.model_dump(),
+            "width": width,
+            "body_state": {k: v.clone() for k, v in body.state_dict().items()},
+        },
         scaling_config=ScalingConfig(num_workers=config.workers, use_gpu=False),
         torch_config=TorchConfig(backend="gloo"),
         run_config=RunConfig(storage_path=storage_path, name="dp-distributed"),
     )
     result = trainer.fit()
-    with result.checkpoint.as_directory() as d:
-        with open(os.path.join(d, "dp_result.json")) as f:
-            return json.load(f)
+    with result.checkpoint.as_directory() as d, open(os.path.join(d, "dp_result.json")) as f:
+        return json.load(f)

@@ -67,8 +67,9 @@ def check_init_from(folder: str | Path, model: torch.nn.Module) -> list[str]:
         return [f"{folder} is not a folder; give an earlier study's train/hf_model"]
     files = _weight_files(folder)
     if not files:
-        return [f"{folder} holds no *.safetensors weights (the `mlp` family has no Hugging Face form; "
-                "hand off a llama or hf model)"]
+        return [
+            f"{folder} holds no *.safetensors weights (the `mlp` family has no Hugging Face form; hand off a llama or hf model)"
+        ]
     shapes = {}
     for f in files:
         with safe_open(str(f), "pt") as st:

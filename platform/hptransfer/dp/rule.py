@@ -54,8 +54,9 @@ def clip_shift(epsilon: float, reference_epsilon: float = 8.0, exponent: float =
     return max(1.0, reference_epsilon / epsilon) ** exponent
 
 
-def clip_grid(epsilon: float, reference: float, factors: Sequence[float],
-              reference_epsilon: float = 8.0, exponent: float = 0.5) -> list[float]:
+def clip_grid(
+    epsilon: float, reference: float, factors: Sequence[float], reference_epsilon: float = 8.0, exponent: float = 0.5
+) -> list[float]:
     """C grid = reference·factors, extended upward by the points of reference·factors·clip_shift(ε)
     that lie above it, with `reference` a typical per-example gradient norm measured on public
     data (the grid is relative to the norm distribution, paper 1).

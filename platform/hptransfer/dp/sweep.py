@@ -41,8 +41,17 @@ def sweep_points(spec: StudySpec, epsilons: list[float], dataset_size: int) -> l
     for eps in epsilons:
         plan = dp_plan_for(base.model_copy(update={"epsilon": eps}))
         for row in (r for r in plan.table if r.feasible):
-            points += [{"epsilon": eps, "batch_size": row.batch_size, "clip": c, "sigma": row.sigma,
-                        "steps": row.steps, "chosen_b": row.batch_size == plan.batch_size} for c in plan.clip_grid]
+            points += [
+                {
+                    "epsilon": eps,
+                    "batch_size": row.batch_size,
+                    "clip": c,
+                    "sigma": row.sigma,
+                    "steps": row.steps,
+                    "chosen_b": row.batch_size == plan.batch_size,
+                }
+                for c in plan.clip_grid
+            ]
     return points
 
 
@@ -54,12 +63,20 @@ def _trainable(config: dict, task=None, body=None) -> None:
 
     torch.set_num_threads(1)
     p = config["point"]
-    m = run_dp_finetune(task, body, epsilon=p["epsilon"], delta=config["delta"], epochs=config["epochs"],
-                        batch_size=p["batch_size"], clip=p["clip"], lr=config["lr"],
-                        accountant=config["accountant"], seed=config["seed"])
+    m = run_dp_finetune(
+        task,
+        body,
+        epsilon=p["epsilon"],
+        delta=config["delta"],
+        epochs=config["epochs"],
+        batch_size=p["batch_size"],
+        clip=p["clip"],
+        lr=config["lr"],
+        accountant=config["accountant"],
+        seed=config["seed"],
+    )
     ok = math.isfinite(m["test/accuracy"]) and m["dp/epsilon"] <= p["epsilon"] + 1e-9
-    tune.report({"test_accuracy": m["test/accuracy"], "epsilon_spent": m["dp/epsilon"],
-                 "status": "ok" if ok else "failed"})
+    tune.report({"test_accuracy": m["test/accuracy"], "epsilon_spent": m["dp/epsilon"], "status": "ok" if ok else "failed"})
 
 
 def plot_dp_sweep(df: pd.DataFrame, path: Path) -> Path:
@@ -72,8 +89,9 @@ def plot_dp_sweep(df: pd.DataFrame, path: Path) -> Path:
         best_lr = g.groupby(["batch_size", "clip"]).test_accuracy.max().reset_index()
         for b, gb in best_lr.groupby("batch_size"):
             chosen = bool(df[(df.epsilon == e) & (df.batch_size == b)].chosen_b.any())
-            ax.plot(gb["clip"], gb["test_accuracy"], "o-", lw=2.5 if chosen else 1,
-                    label=f"B={b}" + (" (dp-plan)" if chosen else ""))
+            ax.plot(
+                gb["clip"], gb["test_accuracy"], "o-", lw=2.5 if chosen else 1, label=f"B={b}" + (" (dp-plan)" if chosen else "")
+            )
         ax.set_xscale("log")
         ax.set_title(f"ε = {e:g}")
         ax.set_xlabel("clipping bound C")
@@ -84,9 +102,16 @@ def plot_dp_sweep(df: pd.DataFrame, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def run_dp_sweep(study: Study, *, epsilons: list[float] | None = None, lrs: list[float] | None = None,
-                 seeds: list[int] | None = None, pretrain_width: int = 64, restart: bool = False,
-                 log=print) -> pd.DataFrame:
+def run_dp_sweep(
+    study: Study,
+    *,
+    epsilons: list[float] | None = None,
+    lrs: list[float] | None = None,
+    seeds: list[int] | None = None,
+    pretrain_width: int = 64,
+    restart: bool = False,
+    log=print,
+) -> pd.DataFrame:
     from ray import tune
 
     from hptransfer.dp.task import load_task, pretrain
@@ -100,40 +125,71 @@ def run_dp_sweep(study: Study, *, epsilons: list[float] | None = None, lrs: list
     lrs = lrs or [spec.dp.lr or 3e-3]
     seeds = seeds or list(spec.sweep.seeds)
     points = sweep_points(spec, epsilons, task_data.private_size)
-    log(f"dp-sweep: {len(points) * len(lrs) * len(seeds)} trials over ε {epsilons}, "
-        f"B {sorted({p['batch_size'] for p in points})}, {len(lrs)} LR(s), {len(seeds)} seed(s)")
+    log(
+        f"dp-sweep: {len(points) * len(lrs) * len(seeds)} trials over ε {epsilons}, "
+        f"B {sorted({p['batch_size'] for p in points})}, {len(lrs)} LR(s), {len(seeds)} seed(s)"
+    )
     body = pretrain(task_data, width=pretrain_width, seed=spec.seed)
 
     def row(r) -> dict:
         c, m = r.config, r.metrics or {}
-        return {**{k: c["point"][k] for k in POINT_KEYS}, "lr": c["lr"], "seed": c["seed"],
-                "test_accuracy": m.get("test_accuracy", math.nan), "epsilon_spent": m.get("epsilon_spent", math.nan),
-                "status": "failed" if r.error else m.get("status", "failed"), "trial_id": Path(r.path).name}
+        return {
+            **{k: c["point"][k] for k in POINT_KEYS},
+            "lr": c["lr"],
+            "seed": c["seed"],
+            "test_accuracy": m.get("test_accuracy", math.nan),
+            "epsilon_spent": m.get("epsilon_spent", math.nan),
+            "status": "failed" if r.error else m.get("status", "failed"),
+            "trial_id": Path(r.path).name,
+        }
 
-    fingerprint = hashlib.sha256(json.dumps([study.spec_hash, points, lrs, seeds], sort_keys=True,
-                                            default=str).encode()).hexdigest()[:16]
+    fingerprint = hashlib.sha256(
+        json.dumps([study.spec_hash, points, lrs, seeds], sort_keys=True, default=str).encode()
+    ).hexdigest()[:16]
     task = SweepTask(
         experiment=DP_SWEEP_EXPERIMENT,
         trainable=tune.with_parameters(_trainable, task=task_data, body=body),
-        axes={"point": points, "lr": lrs, "seed": seeds}, resources={"cpu": 1},
+        axes={"point": points, "lr": lrs, "seed": seeds},
+        resources={"cpu": 1},
         constants={"delta": spec.dp.delta, "epochs": spec.dp.epochs, "accountant": spec.dp.accountant},
-        metric="test_accuracy", mode="max", row=row, results_path=study.paths.dp_sweep_results,
-        fingerprint=fingerprint, sort_by=["epsilon", "batch_size", "clip", "lr", "seed"], reuse_actors=False,
-        describe=lambda c: f"ε={c['point']['epsilon']:g} B={c['point']['batch_size']} C={c['point']['clip']:.3g} "
-                           f"lr={c['lr']:.3g} seed={c['seed']}")
+        metric="test_accuracy",
+        mode="max",
+        row=row,
+        results_path=study.paths.dp_sweep_results,
+        fingerprint=fingerprint,
+        sort_by=["epsilon", "batch_size", "clip", "lr", "seed"],
+        reuse_actors=False,
+        describe=lambda c: (
+            f"ε={c['point']['epsilon']:g} B={c['point']['batch_size']} C={c['point']['clip']:.3g} "
+            f"lr={c['lr']:.3g} seed={c['seed']}"
+        ),
+    )
     df, _ = run_sweep_task(study, task, restart=restart, log=log)
     plot = plot_dp_sweep(df, study.paths.dp_sweep_png)
     best = {}
     for e, g in df[df.status == "ok"].groupby("epsilon"):
         b = g.loc[g.test_accuracy.idxmax()]
-        best.update({f"best_accuracy_eps{e:g}": b.test_accuracy, f"best_clip_eps{e:g}": b["clip"],
-                     f"best_batch_eps{e:g}": b.batch_size})
+        best.update(
+            {f"best_accuracy_eps{e:g}": b.test_accuracy, f"best_clip_eps{e:g}": b["clip"], f"best_batch_eps{e:g}": b.batch_size}
+        )
     log_sweep_runs(
-        study, df, kind="dp-sweep", child_kind="dp-trial", run_name=f"{spec.name}-dp-sweep",
-        parent_params={"epsilons": epsilons, "lrs": lrs, "seeds": seeds, "delta": spec.dp.delta,
-                       "epochs": spec.dp.epochs, "accountant": spec.dp.accountant},
+        study,
+        df,
+        kind="dp-sweep",
+        child_kind="dp-trial",
+        run_name=f"{spec.name}-dp-sweep",
+        parent_params={
+            "epsilons": epsilons,
+            "lrs": lrs,
+            "seeds": seeds,
+            "delta": spec.dp.delta,
+            "epochs": spec.dp.epochs,
+            "accountant": spec.dp.accountant,
+        },
         child_name=lambda r: f"eps{r['epsilon']:g}-B{r['batch_size']}-C{r['clip']:.3g}-lr{r['lr']:.3g}-s{r['seed']}",
         child_params=lambda r: {k: r[k] for k in ("epsilon", "batch_size", "clip", "lr", "seed", "sigma", "steps")},
         child_metrics=lambda r: {"test_accuracy": r["test_accuracy"], "epsilon_spent": r["epsilon_spent"]},
-        parent_metrics=best, artifacts=[study.paths.dp_sweep_results, plot])
+        parent_metrics=best,
+        artifacts=[study.paths.dp_sweep_results, plot],
+    )
     return df

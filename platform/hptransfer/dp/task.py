@@ -45,8 +45,13 @@ def load_task(test_fraction: float = 0.25, split_seed: int = 0) -> DigitsTask:
     perm = torch.randperm(len(py), generator=torch.Generator().manual_seed(split_seed))
     n_test = int(round(test_fraction * len(py)))
     te, tr = perm[:n_test], perm[n_test:]
-    return DigitsTask(public_x=x[pub], public_y=y[pub], private_train=TensorDataset(px[tr], py[tr]),
-                      private_test_x=px[te], private_test_y=py[te])
+    return DigitsTask(
+        public_x=x[pub],
+        public_y=y[pub],
+        private_train=TensorDataset(px[tr], py[tr]),
+        private_test_x=px[te],
+        private_test_y=py[te],
+    )
 
 
 def backbone(width: int = 64) -> nn.Sequential:
@@ -106,9 +111,20 @@ def public_grad_norm(body: nn.Sequential, task: DigitsTask, seed: int = 0) -> fl
     return float(norms.median())
 
 
-def run_dp_finetune(task: DigitsTask, body: nn.Sequential, *, epsilon: float, delta: float, epochs: float,
-                    batch_size: int, clip: float, lr: float, accountant: str = "prv", seed: int = 0,
-                    log_metrics=None) -> dict[str, float]:
+def run_dp_finetune(
+    task: DigitsTask,
+    body: nn.Sequential,
+    *,
+    epsilon: float,
+    delta: float,
+    epochs: float,
+    batch_size: int,
+    clip: float,
+    lr: float,
+    accountant: str = "prv",
+    seed: int = 0,
+    log_metrics=None,
+) -> dict[str, float]:
     """DP-fine-tune a copy of `body` with σ chosen for (ε, δ, q = B/N, T = ceil(E·N/B)); returns
     test accuracy and ε spent."""
     from hptransfer.dp.accounting import noise_multiplier, steps_for
@@ -118,8 +134,23 @@ def run_dp_finetune(task: DigitsTask, body: nn.Sequential, *, epsilon: float, de
     t = steps_for(n, epochs, batch_size)
     sigma = noise_multiplier(epsilon, delta, batch_size / n, t, accountant)
     model = finetune_model(body)
-    res = train_dp(model, task.private_train, batch_size=batch_size, steps=t, noise_multiplier=sigma, clip=clip,
-                   lr=lr, target_epsilon=epsilon, delta=delta, accountant=accountant, seed=seed,
-                   log_metrics=log_metrics)
-    return {"test/accuracy": accuracy(model, task.private_test_x, task.private_test_y), "dp/epsilon": res.epsilon,
-            "sigma": sigma, "steps": t}
+    res = train_dp(
+        model,
+        task.private_train,
+        batch_size=batch_size,
+        steps=t,
+        noise_multiplier=sigma,
+        clip=clip,
+        lr=lr,
+        target_epsilon=epsilon,
+        delta=delta,
+        accountant=accountant,
+        seed=seed,
+        log_metrics=log_metrics,
+    )
+    return {
+        "test/accuracy": accuracy(model, task.private_test_x, task.private_test_y),
+        "dp/epsilon": res.epsilon,
+        "sigma": sigma,
+        "steps": t,
+    }

@@ -45,11 +45,24 @@ class DPTrainResult(BaseModel):
     final_loss: float
 
 
-def train_dp(model: nn.Module, dataset: Dataset, *, batch_size: int, steps: int, noise_multiplier: float,
-             clip: float, lr: float, target_epsilon: float, delta: float, accountant: str = "prv",
-             optimizer: str = "adam", loss_fn: nn.Module | None = None, seed: int = 0,
-             log_metrics: LogMetrics | None = None,
-             eval_fn: Callable[[nn.Module], dict[str, float]] | None = None) -> DPTrainResult:
+def train_dp(
+    model: nn.Module,
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    steps: int,
+    noise_multiplier: float,
+    clip: float,
+    lr: float,
+    target_epsilon: float,
+    delta: float,
+    accountant: str = "prv",
+    optimizer: str = "adam",
+    loss_fn: nn.Module | None = None,
+    seed: int = 0,
+    log_metrics: LogMetrics | None = None,
+    eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
+) -> DPTrainResult:
     """Train `model` in place on `dataset` (pairs of tensors (x, y)) with DP-Adam for exactly `steps`
     Poisson-sampled steps at q = batch_size/len(dataset). `log_metrics(dict, step)` receives ε spent
     (and loss, and `eval_fn(model)` if given) after every pass of 1/q steps and at the end; the caller
@@ -64,15 +77,23 @@ def train_dp(model: nn.Module, dataset: Dataset, *, batch_size: int, steps: int,
     if planned > target_epsilon:
         raise PrivacyBudgetExceeded(
             f"(σ={noise_multiplier:.4g}, q={q:.4g}, T={steps}) spends ε={planned:.4g} > target {target_epsilon:g}; "
-            "take σ from dp_plan_for / accounting.noise_multiplier for this q and T")
+            "take σ from dp_plan_for / accounting.noise_multiplier for this q and T"
+        )
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     torch.manual_seed(seed)
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"optimizer={optimizer!r} is unknown; use 'adam' (DP-Adam, paper 1) or 'sgd'")
     opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(model.parameters(), lr=lr)
     engine, gsm, dp_opt, loader = make_private_normalized(
-        model, opt, dataset, batch_size=batch_size, noise_multiplier=noise_multiplier, clip=clip,
-        accountant=accountant, generator=torch.Generator().manual_seed(seed))
+        model,
+        opt,
+        dataset,
+        batch_size=batch_size,
+        noise_multiplier=noise_multiplier,
+        clip=clip,
+        accountant=accountant,
+        generator=torch.Generator().manual_seed(seed),
+    )
 
     sizes: list[int] = []
     step, losses = 0, []
@@ -98,14 +119,32 @@ def train_dp(model: nn.Module, dataset: Dataset, *, batch_size: int, steps: int,
     if eps > target_epsilon:
         raise PrivacyBudgetExceeded(f"accountant reports ε={eps:.4g} > target {target_epsilon:g} after {step} steps")
     hist = [(float(s), float(r), int(k)) for s, r, k in engine.accountant.history]
-    return DPTrainResult(epsilon=eps, target_epsilon=target_epsilon, delta=delta, steps=step, sample_rate=q,
-                         noise_multiplier=noise_multiplier, clip=clip, accountant_history=hist,
-                         batch_sizes=sizes, final_loss=losses[-1] if losses else math.nan)
+    return DPTrainResult(
+        epsilon=eps,
+        target_epsilon=target_epsilon,
+        delta=delta,
+        steps=step,
+        sample_rate=q,
+        noise_multiplier=noise_multiplier,
+        clip=clip,
+        accountant_history=hist,
+        batch_sizes=sizes,
+        final_loss=losses[-1] if losses else math.nan,
+    )
 
 
-def make_private_normalized(model: nn.Module, optimizer: torch.optim.Optimizer, dataset: Dataset, *,
-                            batch_size: int, noise_multiplier: float, clip: float, accountant: str,
-                            generator: torch.Generator | None = None, distributed: bool = False):
+def make_private_normalized(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: Dataset,
+    *,
+    batch_size: int,
+    noise_multiplier: float,
+    clip: float,
+    accountant: str,
+    generator: torch.Generator | None = None,
+    distributed: bool = False,
+):
     """Opacus' PrivacyEngine set up for paper 1's DP-Adam: Poisson sampling at q = B/N with B the
     GLOBAL expected batch, accounting at that q, and the normalized clipping form.
     Returns (engine, grad-sample module, DP optimizer, Poisson data loader). With `distributed`,
@@ -121,9 +160,14 @@ def make_private_normalized(model: nn.Module, optimizer: torch.optim.Optimizer, 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "secure RNG turned off": fine for research runs
         engine = PrivacyEngine(accountant=accountant)
-        gsm, dp_opt, _ = engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
-                                             noise_multiplier=noise_multiplier, max_grad_norm=clip,
-                                             poisson_sampling=False)  # the loader already is Poisson
+        gsm, dp_opt, _ = engine.make_private(
+            module=model,
+            optimizer=optimizer,
+            data_loader=loader,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=clip,
+            poisson_sampling=False,
+        )  # the loader already is Poisson
     # make_private derives q = 1/len(loader) and its expected batch from that; both must be B/N and B.
     dp_opt.expected_batch_size = batch_size / world
     account = engine.accountant.get_optimizer_hook_fn(sample_rate=q)

@@ -76,7 +76,9 @@ def _llama(spec: ModelSpec, width: int, readout: nn.Module | None):
         max_position_embeddings=spec.seq_len,
         tie_word_embeddings=False,  # µP needs its own readout; tying also breaks Opacus ghost clipping
         use_cache=False,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
     )
     cfg._attn_implementation = "sdpa"
     model = LlamaForCausalLM(cfg)
@@ -101,8 +103,11 @@ def _hf_readout(model: nn.Module, width: int, vocab: int, mup: bool, output_mult
     if mup:
         from mup import MuReadout, MuSharedReadout
 
-        head = (MuSharedReadout(model.get_input_embeddings().weight, bias=bias, output_mult=output_mult) if tied else
-                MuReadout(width, vocab, bias=bias, readout_zero_init=True, output_mult=output_mult))
+        head = (
+            MuSharedReadout(model.get_input_embeddings().weight, bias=bias, output_mult=output_mult)
+            if tied
+            else MuReadout(width, vocab, bias=bias, readout_zero_init=True, output_mult=output_mult)
+        )
     else:
         head = ScaledReadout(width, vocab, output_mult)
         if bias:
@@ -139,8 +144,9 @@ def _set_base_shapes(model: nn.Module, spec: ModelSpec, base_width: int, rescale
     set_base_shapes(model, base, delta=delta, rescale_params=rescale_params)
 
 
-def build_model(spec: ModelSpec, width: int, *, base_width: int, hps: Hyperparameters | None = None,
-                seed: int | None = None) -> nn.Module:
+def build_model(
+    spec: ModelSpec, width: int, *, base_width: int, hps: Hyperparameters | None = None, seed: int | None = None
+) -> nn.Module:
     """The model at `width` with the hyperparameters applied at construction (`init_std`,
     `output_mult`); under µP its base shapes are set (every parameter has `.infshape`)."""
     hps = hps or Hyperparameters()

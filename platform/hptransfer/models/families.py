@@ -46,16 +46,31 @@ class WidthFields:
     vocab: str = "vocab_size"
 
 
-GENERIC = WidthFields("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                      "num_hidden_layers", "max_position_embeddings")
+GENERIC = WidthFields(
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "num_hidden_layers",
+    "max_position_embeddings",
+)
 ARCHITECTURES: dict[str, WidthFields] = {
     "llama": GENERIC,
     "mistral": GENERIC,
-    "qwen2": WidthFields("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", None,
-                         "num_hidden_layers", "max_position_embeddings"),
+    "qwen2": WidthFields(
+        "hidden_size",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        None,
+        "num_hidden_layers",
+        "max_position_embeddings",
+    ),
     "gpt2": WidthFields("n_embd", "n_inner", "n_head", None, None, "n_layer", "n_positions"),
-    "gpt_neox": WidthFields("hidden_size", "intermediate_size", "num_attention_heads", None, None,
-                            "num_hidden_layers", "max_position_embeddings"),
+    "gpt_neox": WidthFields(
+        "hidden_size", "intermediate_size", "num_attention_heads", None, None, "num_hidden_layers", "max_position_embeddings"
+    ),
 }
 
 # Modules whose forward returns a plain tensor, per naming scheme (llama-likes, GPT-2's Conv1D
@@ -64,7 +79,8 @@ ARCHITECTURES: dict[str, WidthFields] = {
 COORD_CHECK_MODULES = re.compile(
     r"(embed_tokens|embed|prev_embed|[qkvo]_proj|gate_proj|up_proj|down_proj|hidden\.\d+|layernorm|norm|lm_head"
     r"|wte|wpe|c_attn|c_proj|c_fc|ln_\d+|ln_f"
-    r"|embed_in|embed_out|query_key_value|dense|dense_h_to_4h|dense_4h_to_h)$")
+    r"|embed_in|embed_out|query_key_value|dense|dense_h_to_4h|dense_4h_to_h)$"
+)
 
 # Set by hptransfer, never by the config: the cache is useless in training and a config's token ids
 # may lie outside a smaller vocabulary.
@@ -94,8 +110,15 @@ def width_fields(model_type: str) -> WidthFields:
         return ARCHITECTURES[model_type]
     have = _defaults(model_type)
     g = GENERIC
-    return WidthFields(g.hidden, g.ffn, g.heads, g.kv_heads if g.kv_heads in have else None,
-                       g.head_dim if g.head_dim in have else None, g.layers, g.positions)
+    return WidthFields(
+        g.hidden,
+        g.ffn,
+        g.heads,
+        g.kv_heads if g.kv_heads in have else None,
+        g.head_dim if g.head_dim in have else None,
+        g.layers,
+        g.positions,
+    )
 
 
 def missing_fields(model_type: str) -> list[str]:
@@ -143,18 +166,25 @@ def width_problems(spec: ModelSpec, widths: list[int]) -> list[str]:
         bad = [w for w in widths if w % spec.n_heads]
         errs = [f"widths {bad} are not multiples of model.n_heads={spec.n_heads}; head size = width / n_heads"] if bad else []
         if spec.n_heads % group:
-            errs.append(f"model.n_heads={spec.n_heads} is not a multiple of the config's GQA group size {group} "
-                        "(num_attention_heads / num_key_value_heads); choose n_heads divisible by it")
+            errs.append(
+                f"model.n_heads={spec.n_heads} is not a multiple of the config's GQA group size {group} "
+                "(num_attention_heads / num_key_value_heads); choose n_heads divisible by it"
+            )
         return errs
     step = spec.head_dim * group
     bad = [w for w in widths if w % step]
     if not bad:
         return []
-    why = "hf width = n_heads × head_dim" + (f" with n_heads a multiple of the GQA group size {group} "
-                                             "(num_attention_heads / num_key_value_heads of model.config)"
-                                             if group != 1 else "")
-    return [f"widths {bad} are not multiples of model.head_dim={spec.head_dim}" + (f" × {group} = {step}" if group != 1 else "")
-            + f"; {why}"]
+    why = "hf width = n_heads × head_dim" + (
+        f" with n_heads a multiple of the GQA group size {group} (num_attention_heads / num_key_value_heads of model.config)"
+        if group != 1
+        else ""
+    )
+    return [
+        f"widths {bad} are not multiples of model.head_dim={spec.head_dim}"
+        + (f" × {group} = {step}" if group != 1 else "")
+        + f"; {why}"
+    ]
 
 
 def width_overrides(spec: ModelSpec, width: int) -> dict[str, Any]:
@@ -163,8 +193,14 @@ def width_overrides(spec: ModelSpec, width: int) -> dict[str, Any]:
     assert isinstance(cfg, dict), "family hf needs model.config (a mapping once the spec is loaded)"
     f = width_fields(cfg["model_type"])
     heads, head_dim = heads_at(spec, width)
-    out: dict[str, Any] = {f.hidden: width, f.ffn: round(spec.ffn_mult * width), f.heads: heads,
-                           f.layers: spec.depth, f.positions: spec.seq_len, f.vocab: spec.vocab}
+    out: dict[str, Any] = {
+        f.hidden: width,
+        f.ffn: round(spec.ffn_mult * width),
+        f.heads: heads,
+        f.layers: spec.depth,
+        f.positions: spec.seq_len,
+        f.vocab: spec.vocab,
+    }
     if f.kv_heads:
         out[f.kv_heads] = heads // int(gqa_group(cfg))
     if f.head_dim:
@@ -212,6 +248,8 @@ def apply_attn_scale(model: Any, spec: ModelSpec, base_width: int) -> int:
             module.scaling *= math.sqrt(d_base / d)
             n += 1
     if n == 0:
-        raise ValueError(f"model.attn_scale=1/d: no attention module of {type(model).__name__} exposes `.scaling`; "
-                         "use attn_scale: 1/sqrt(d) with a fixed head_dim")
+        raise ValueError(
+            f"model.attn_scale=1/d: no attention module of {type(model).__name__} exposes `.scaling`; "
+            "use attn_scale: 1/sqrt(d) with a fixed head_dim"
+        )
     return n

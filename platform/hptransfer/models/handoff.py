@@ -50,16 +50,25 @@ def readout_scale(head: nn.Module) -> tuple[str, float, float]:
         return "Linear", 1.0, 1.0
     if isinstance(head, nn.Linear) and hasattr(head, "output_mult"):
         return type(head).__name__, float(head.output_mult), 1.0  # SP's ScaledReadout: W · (output_mult · x)
-    raise TypeError(f"cannot fold readout {type(head).__name__}: handoff knows nn.Linear, MuReadout and "
-                    "Linear subclasses that multiply their input by `output_mult`")
+    raise TypeError(
+        f"cannot fold readout {type(head).__name__}: handoff knows nn.Linear, MuReadout and "
+        "Linear subclasses that multiply their input by `output_mult`"
+    )
 
 
 def _tied(model: nn.Module) -> bool:
     return model.get_output_embeddings().weight is model.get_input_embeddings().weight
 
 
-def save_handoff(model: nn.Module, out_dir: str | Path, *, spec_model: ModelSpec, width: int, base_width: int,
-                 plan_dict: dict[str, Any] | None = None) -> Path | None:
+def save_handoff(
+    model: nn.Module,
+    out_dir: str | Path,
+    *,
+    spec_model: ModelSpec,
+    width: int,
+    base_width: int,
+    plan_dict: dict[str, Any] | None = None,
+) -> Path | None:
     """Write `out_dir` so that plain `AutoModelForCausalLM.from_pretrained(out_dir)` gives `model`'s
     logits, and `load_handoff(out_dir)` gives back the µP model. The live model is not changed.
 
@@ -71,14 +80,18 @@ def save_handoff(model: nn.Module, out_dir: str | Path, *, spec_model: ModelSpec
     head = model.get_output_embeddings()
     kind, output_mult, width_mult = readout_scale(head)
     if kind == "MuReadout" and abs(width_mult - width / base_width) > 1e-9 * width_mult:
-        raise ValueError(f"readout width_mult {width_mult:g} != width / base_width = {width}/{base_width}; "
-                         "pass the run's target width and base width")
+        raise ValueError(
+            f"readout width_mult {width_mult:g} != width / base_width = {width}/{base_width}; "
+            "pass the run's target width and base width"
+        )
     scale = output_mult / width_mult
     tied = _tied(model)
     untie = tied and scale != 1.0
     if untie and kind != "MuReadout":
-        raise NotImplementedError(f"tied {kind} readout with output_mult={output_mult:g}: cannot fold without "
-                                  "untying; use output_mult=1 or untied embeddings")
+        raise NotImplementedError(
+            f"tied {kind} readout with output_mult={output_mult:g}: cannot fold without "
+            "untying; use output_mult=1 or untied embeddings"
+        )
     state = model.state_dict()
     key = next(n for n, m in model.named_modules() if m is head) + ".weight"
     w = head.weight.detach()
@@ -97,24 +110,38 @@ def save_handoff(model: nn.Module, out_dir: str | Path, *, spec_model: ModelSpec
         save_base_shapes(model, str(bsh))  # the live model's base shapes, keyed by parameter name
     if plan_dict is not None:
         write_yaml(out / PLAN_FILE, plan_dict)
-    write_json(out / HANDOFF_FILE, {
-        "version": HANDOFF_VERSION,
-        "note": "lm_head.weight holds folded_scale × the trained readout weight: plain transformers gives the run's "
-                "logits. hptransfer.models.handoff.load_handoff(dir) restores the µP readout for further training.",
-        "model": spec_model.model_dump(mode="json"), "width": width, "base_width": base_width,
-        "readout": {"kind": kind, "output_mult": output_mult, "width_mult": width_mult, "folded_scale": scale,
-                    "bias": head.bias is not None, "tied": tied, "untied_on_save": untie},
-        "base_shapes": BASE_SHAPES_FILE if kind == "MuReadout" else None,
-        "plan": PLAN_FILE if plan_dict is not None else None,
-    })
+    write_json(
+        out / HANDOFF_FILE,
+        {
+            "version": HANDOFF_VERSION,
+            "note": "lm_head.weight holds folded_scale × the trained readout weight: plain transformers gives the run's "
+            "logits. hptransfer.models.handoff.load_handoff(dir) restores the µP readout for further training.",
+            "model": spec_model.model_dump(mode="json"),
+            "width": width,
+            "base_width": base_width,
+            "readout": {
+                "kind": kind,
+                "output_mult": output_mult,
+                "width_mult": width_mult,
+                "folded_scale": scale,
+                "bias": head.bias is not None,
+                "tied": tied,
+                "untied_on_save": untie,
+            },
+            "base_shapes": BASE_SHAPES_FILE if kind == "MuReadout" else None,
+            "plan": PLAN_FILE if plan_dict is not None else None,
+        },
+    )
     return out
 
 
 def read_handoff(out_dir: str | Path) -> dict[str, Any]:
     path = Path(out_dir) / HANDOFF_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: {out_dir} was not written by save_handoff (a folder from an older "
-                                "hptransfer holds an un-folded lm_head); re-export it from the run's checkpoint")
+        raise FileNotFoundError(
+            f"{path} not found: {out_dir} was not written by save_handoff (a folder from an older "
+            "hptransfer holds an un-folded lm_head); re-export it from the run's checkpoint"
+        )
     meta = json.loads(path.read_text())
     if meta.get("version") != HANDOFF_VERSION:
         raise ValueError(f"{path}: handoff version {meta.get('version')!r}, this hptransfer reads {HANDOFF_VERSION}")

@@ -28,8 +28,9 @@ ADAM_EPS = 1e-8
 FINAL_LR_FRACTION = 0.1  # the cosine schedule's floor, as a fraction of the peak LR
 
 
-def build_optimizer(model: nn.Module, parametrization: str, hps: Hyperparameters,
-                    weight_decay_scaling: str = "independent") -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, parametrization: str, hps: Hyperparameters, weight_decay_scaling: str = "independent"
+) -> torch.optim.Optimizer:
     """AdamW (µP: MuAdamW) with the hyperparameters' lr, weight_decay, beta1 and beta2.
 
     µP's weight decay on hidden matrices: `independent` (MuAdamW's own: λ·m, so η·λ is constant in

@@ -11,8 +11,8 @@ Where each hyperparameter goes (hptransfer.hyperparameters.APPLIED):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -44,9 +44,17 @@ def weight_decay_scaling(rule: str) -> str:
     return "standard" if rule == "mup-standard-wd" else "independent"
 
 
-def training_setup(model_spec: ModelSpec, width: int, *, base_width: int, hps: Hyperparameters, total_steps: int,
-                   seed: int | None = None, extra_lr_factor: Callable[[int], float] | None = None,
-                   rule: str = "mup") -> TrainingSetup:
+def training_setup(
+    model_spec: ModelSpec,
+    width: int,
+    *,
+    base_width: int,
+    hps: Hyperparameters,
+    total_steps: int,
+    seed: int | None = None,
+    extra_lr_factor: Callable[[int], float] | None = None,
+    rule: str = "mup",
+) -> TrainingSetup:
     """Model, optimizer, schedule and clipping for one run with `hps` applied everywhere it belongs.
     `extra_lr_factor` multiplies the schedule (a rule's multiplicative warmup, e.g. `sp-warmup`);
     `rule` selects µP's weight-decay scaling (`mup-standard-wd`: standard, else independent)."""

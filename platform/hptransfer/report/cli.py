@@ -14,9 +14,11 @@ from hptransfer.console import console, user_errors
 def report(
     study_dir: Path = typer.Argument(..., help="Study folder (holds spec.yaml; see `hpt run`)."),
     tracking_uri: Optional[str] = typer.Option(
-        None, "--tracking-uri",
+        None,
+        "--tracking-uri",
         help="Log the report as artifacts of the study's MLflow sweep run at this URI "
-             "(e.g. sqlite:///STUDY_DIR/mlflow.db or an `mlflow server` URL). Default: not logged."),
+        "(e.g. sqlite:///STUDY_DIR/mlflow.db or an `mlflow server` URL). Default: not logged.",
+    ),
 ) -> None:
     """Write STUDY_DIR/report/index.html: the µTransfer plot, optimum against width, coordinate
     check, diagnostics and warnings, and the DP noise table when the spec has a `dp:` block."""

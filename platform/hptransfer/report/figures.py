@@ -25,8 +25,9 @@ def _tex(x: object) -> str:
     return str(x).replace("$", r"\$")
 
 
-def plot_transfer(df: pd.DataFrame, spec: StudySpec, plan: TransferPlan | None, target_loss: float | None,
-                  path: str | Path) -> Path:
+def plot_transfer(
+    df: pd.DataFrame, spec: StudySpec, plan: TransferPlan | None, target_loss: float | None, path: str | Path
+) -> Path:
     from hptransfer.sweep.record import plot_sweep
 
     hp = (plan.diagnostics.get("primary") if plan else None) or next(iter(spec.sweep.grid))
@@ -35,7 +36,9 @@ def plot_transfer(df: pd.DataFrame, spec: StudySpec, plan: TransferPlan | None, 
         x = plan.hyperparameters[hp]
         if target_loss is not None and math.isfinite(target_loss):
             marks[f"target width {plan.target.width} at transferred {_tex(hp)}={x:.3g}: val loss {target_loss:.3f}"] = (
-                x, target_loss)
+                x,
+                target_loss,
+            )
         else:
             # Not trained yet: draw the point at the widest width's fitted loss, and say so.
             per = plan.diagnostics.get("optimum_by_width", {}).get(str(plan.diagnostics.get("source_width")), {})
@@ -76,26 +79,45 @@ def plot_optimum(plan: TransferPlan, path: str | Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     lo = np.array([(f.get("ci") or [v, v])[0] for (_, f), v in zip(pts, vals)], float)
     hi = np.array([(f.get("ci") or [v, v])[1] for (_, f), v in zip(pts, vals)], float)
-    ax.errorbar(widths, vals, yerr=[vals - lo, hi - vals], fmt="o", color="k", capsize=4,
-                label=f"{_tex(hp)}* per swept width (fit; bars: bootstrap CI when seeds allow)")
+    ax.errorbar(
+        widths,
+        vals,
+        yerr=[vals - lo, hi - vals],
+        fmt="o",
+        color="k",
+        capsize=4,
+        label=f"{_tex(hp)}* per swept width (fit; bars: bootstrap CI when seeds allow)",
+    )
     edge = [w for w, f in pts if f.get("on_edge")]
     if edge:
-        ax.plot(edge, [f["value"] for w, f in pts if w in edge], "s", mfc="none", mec="orange", ms=12, mew=2,
-                label="on the grid edge")
+        ax.plot(
+            edge, [f["value"] for w, f in pts if w in edge], "s", mfc="none", mec="orange", ms=12, mew=2, label="on the grid edge"
+        )
     n = np.geomspace(min(widths), max(plan.target.width, max(widths)), 100)
     x = np.log(vals) if log else vals
     if len(widths) >= 2:
         f = fit_log_linear(widths, x)
         y = np.array([f.predict(v) for v in n])
-        ax.plot(n, np.exp(y) if log else y, "--", color="tab:blue",
-                label=f"trend: slope {f.b:+.3f} per log width")
+        ax.plot(n, np.exp(y) if log else y, "--", color="tab:blue", label=f"trend: slope {f.b:+.3f} per log width")
     dc = drift_curve(d.get("drift_fit") or {}, widths, list(x), n)
     if dc is not None:
-        ax.plot(n, np.exp(dc) if log else dc, ":", color="tab:green", lw=2,
-                label=f"drift law x∞ + K·n^-β (β={d['drift_fit']['beta']:.2g})")
+        ax.plot(
+            n,
+            np.exp(dc) if log else dc,
+            ":",
+            color="tab:green",
+            lw=2,
+            label=f"drift law x∞ + K·n^-β (β={d['drift_fit']['beta']:.2g})",
+        )
     if hp in plan.hyperparameters:
-        ax.plot([plan.target.width], [plan.hyperparameters[hp]], "D", ms=10, color="crimson",
-                label=f"plan ({_tex(plan.rule)}) at target width {plan.target.width}")
+        ax.plot(
+            [plan.target.width],
+            [plan.hyperparameters[hp]],
+            "D",
+            ms=10,
+            color="crimson",
+            label=f"plan ({_tex(plan.rule)}) at target width {plan.target.width}",
+        )
     ax.axvline(plan.target.width, color="crimson", alpha=0.25)
     ax.set_xscale("log", base=2)
     if log:

@@ -76,30 +76,38 @@ def _read_json(path: Path) -> dict | None:
 
 # --- sections ------------------------------------------------------------------------------------
 
+
 def _summary(spec, plan, final: dict | None) -> str:
-    rows = [["family / parametrization", f"{_g(spec.model.family)} / {_g(spec.model.parametrization)}"],
-            ["depth, head_dim, seq_len", _e(f"{spec.model.depth}, {spec.model.head_dim}, {spec.model.seq_len}")],
-            ["width ladder", _g(spec.sweep.widths)],
-            ["grid", escape("; ".join(f"{k}: " + ", ".join(f"{v:.3g}" for v in vals) for k, vals in spec.sweep.grid.items()))],
-            ["fixed", _g(json.dumps(spec.sweep.fixed))],
-            ["sweep steps × batch, seeds", _e(f"{spec.sweep.steps} × {spec.sweep.batch_size}, {spec.sweep.seeds}")],
-            ["transfer rule", f"<code>{_g(spec.transfer.rule)}</code>"],
-            ["target width (× widest swept)", _e(f"{spec.target.width} ({spec.target.width / spec.sweep.widths[-1]:.3g}×)")]]
+    rows = [
+        ["family / parametrization", f"{_g(spec.model.family)} / {_g(spec.model.parametrization)}"],
+        ["depth, head_dim, seq_len", _e(f"{spec.model.depth}, {spec.model.head_dim}, {spec.model.seq_len}")],
+        ["width ladder", _g(spec.sweep.widths)],
+        ["grid", escape("; ".join(f"{k}: " + ", ".join(f"{v:.3g}" for v in vals) for k, vals in spec.sweep.grid.items()))],
+        ["fixed", _g(json.dumps(spec.sweep.fixed))],
+        ["sweep steps × batch, seeds", _e(f"{spec.sweep.steps} × {spec.sweep.batch_size}, {spec.sweep.seeds}")],
+        ["transfer rule", f"<code>{_g(spec.transfer.rule)}</code>"],
+        ["target width (× widest swept)", _e(f"{spec.target.width} ({spec.target.width / spec.sweep.widths[-1]:.3g}×)")],
+    ]
     out = "<h2>Study</h2>" + _table(["", ""], rows, left=2)
     if plan is None:
         return out + _missing(_NAMES.plan.name, "hpt transfer --study-dir STUDY_DIR")
     hp_rows = [[_e(k), _g(v)] for k, v in plan.hyperparameters.items()]
     out += "<h2>Transferred hyperparameters</h2>" + _table(["hyperparameter", "target value"], hp_rows)
     if plan.param_group_multipliers and plan.model.parametrization == "mup":
-        out += ('<p class="muted">µP: values are base-width values; per-group factors '
-                + escape(json.dumps(plan.param_group_multipliers)) + "</p>")
+        out += (
+            '<p class="muted">µP: values are base-width values; per-group factors '
+            + escape(json.dumps(plan.param_group_multipliers))
+            + "</p>"
+        )
     d = plan.diagnostics
     res = [["predicted target loss (loss-vs-width fit)", _g(d.get("predicted_target_loss"))]]
     if final:
-        res += [["target val loss (measured)", f"<b>{_g(final.get('val_loss'))}</b>"],
-                ["target train loss", _g(final.get("train_loss"))],
-                ["steps, status", f"{_g(final.get('step'))}, {_g(final.get('status'))}"],
-                ["wall time (s)", _g(final.get("wall_s"), ".0f")]]
+        res += [
+            ["target val loss (measured)", f"<b>{_g(final.get('val_loss'))}</b>"],
+            ["target train loss", _g(final.get("train_loss"))],
+            ["steps, status", f"{_g(final.get('step'))}, {_g(final.get('status'))}"],
+            ["wall time (s)", _g(final.get("wall_s"), ".0f")],
+        ]
     if plan.diagnostics.get("predicted_target_loss_interval"):
         lo, hi = plan.diagnostics["predicted_target_loss_interval"]
         res.insert(1, ["predicted interval (95%)", f"{_g(lo)} – {_g(hi)}"])
@@ -119,9 +127,14 @@ def _warnings(plan) -> str:
     if plan is None:
         return ""
     warns, notes = plan.diagnostics.get("warnings", []), plan.diagnostics.get("notes", [])
-    box = ('<div class="warn"><b>Warnings</b><ul>' + "".join(f"<li>{_e(w)}</li>" for w in warns) + "</ul></div>"
-           if warns else '<div class="ok">No warnings: optima interior and convex, no drift flagged.</div>')
-    return "<h2>Warnings</h2>" + box + ("<ul>" + "".join(f"<li class=muted>{_e(n)}</li>" for n in notes) + "</ul>" if notes else "")
+    box = (
+        '<div class="warn"><b>Warnings</b><ul>' + "".join(f"<li>{_e(w)}</li>" for w in warns) + "</ul></div>"
+        if warns
+        else '<div class="ok">No warnings: optima interior and convex, no drift flagged.</div>'
+    )
+    return (
+        "<h2>Warnings</h2>" + box + ("<ul>" + "".join(f"<li class=muted>{_e(n)}</li>" for n in notes) + "</ul>" if notes else "")
+    )
 
 
 def _diagnostics(plan) -> str:
@@ -133,28 +146,58 @@ def _diagnostics(plan) -> str:
     rows = []
     for w, per in d.get("optimum_by_width", {}).items():
         f = per.get(hp, {})
-        flags = [s for s, on in (("grid edge", f.get("on_edge")), ("not convex", f.get("convex") is False),
-                                 ("capped by divergence", f.get("capped_by_divergence"))) if on]
+        flags = [
+            s
+            for s, on in (
+                ("grid edge", f.get("on_edge")),
+                ("not convex", f.get("convex") is False),
+                ("capped by divergence", f.get("capped_by_divergence")),
+            )
+            if on
+        ]
         trials = ", ".join(f"{k} {v}" for k, v in d.get("trials_by_width", {}).get(w, {}).items())
-        rows.append([_g(w), _g(f.get("value")), _g(f.get("best_grid_value")), _g(f.get("best_loss")),
-                     _g(f.get("ci") and f"[{f['ci'][0]:.3g}, {f['ci'][1]:.3g}]"), _g(f.get("curvature")),
-                     escape(trials), f'<span class="bad">{escape("; ".join(flags))}</span>' if flags else ""])
+        rows.append(
+            [
+                _g(w),
+                _g(f.get("value")),
+                _g(f.get("best_grid_value")),
+                _g(f.get("best_loss")),
+                _ci(f.get("ci")),
+                _g(f.get("curvature")),
+                escape(trials),
+                f'<span class="bad">{escape("; ".join(flags))}</span>' if flags else "",
+            ]
+        )
     out = "<h3>Optimum by width</h3>" + _table(
-        ["width", f"{hp}* (fit)", "best grid", "best loss", "CI", "curvature κ", "trials", "flags"], rows)
+        ["width", f"{hp}* (fit)", "best grid", "best loss", "CI", "curvature κ", "trials", "flags"], rows
+    )
     drift, lf = d.get("drift_fit") or {}, d.get("loss_fit") or {}
     trend = (d.get("optimum_trend") or {}).get(hp, {})
     fast = d.get("fast_transfer")
-    kv = [["fast transfer (paper 2: β > α/2)", "undecided" if fast is None else _g(fast)],
-          ["test", _g(d.get("fast_transfer_test") or d.get("fast_transfer_undecided"))],
-          [f"trend d log {hp_html}*/d log n", f"{_g(trend.get('slope'))} ± {_g(trend.get('slope_se'))}"],
-          ["drift law log ν* = x∞ + K·n^−β", f"{_g(drift.get('drift'))}; B={_g(drift.get('B'))}, β={_g(drift.get('beta'))}, "
-                                           f"ν*(∞)={_g(drift.get('value_at_infinity'))}"],
-          ["loss law φ* = φ∞ + A·n^−α", f"φ∞={_g(lf.get('phi_inf'))}, A={_g(lf.get('A'))}, α={_g(lf.get('alpha'))}" if lf else "—"],
-          ["curvature κ at the widest width", _g(d.get("curvature"))],
-          [f"trend {hp_html}* at the target width", _g(d.get("trend_value_at_target"))],
-          ["predicted penalty of the plan (loss)", _g(d.get("predicted_penalty"))],
-          ["source width", _g(d.get("source_width"))]]
+    kv = [
+        ["fast transfer (paper 2: β > α/2)", "undecided" if fast is None else _g(fast)],
+        ["test", _g(d.get("fast_transfer_test") or d.get("fast_transfer_undecided"))],
+        [f"trend d log {hp_html}*/d log n", f"{_g(trend.get('slope'))} ± {_g(trend.get('slope_se'))}"],
+        [
+            "drift law log ν* = x∞ + K·n^−β",
+            f"{_g(drift.get('drift'))}; B={_g(drift.get('B'))}, β={_g(drift.get('beta'))}, "
+            f"ν*(∞)={_g(drift.get('value_at_infinity'))}",
+        ],
+        ["loss law φ* = φ∞ + A·n^−α", f"φ∞={_g(lf.get('phi_inf'))}, A={_g(lf.get('A'))}, α={_g(lf.get('alpha'))}" if lf else "—"],
+        ["curvature κ at the widest width", _g(d.get("curvature"))],
+        [f"trend {hp_html}* at the target width", _g(d.get("trend_value_at_target"))],
+        ["predicted penalty of the plan (loss)", _g(d.get("predicted_penalty"))],
+        ["source width", _g(d.get("source_width"))],
+    ]
     return "<h3>Transfer diagnostics</h3>" + _table(["", ""], kv, left=1) + out
+
+
+def _ci(ci) -> str:
+    """A CI whose open side (a censored optimum: a bound, not a point) is null prints as ∞ / 0."""
+    if not ci:
+        return "—"
+    lo, hi = ci
+    return f"[{'0' if lo is None else format(lo, '.3g')}, {'∞' if hi is None else format(hi, '.3g')}]"
 
 
 def _coord(paths: StudyPaths) -> str:
@@ -167,10 +210,12 @@ def _coord(paths: StudyPaths) -> str:
     if data is None:
         return html + _missing(paths.coord_check_json.name, "hpt coord-check SPEC")
     verdict = "ok" if data.get("passed") else "warn"
-    html += (f'<div class="{verdict}">{"passed" if data.get("passed") else "FAILED"}: the steepest growth of '
-             f"log|activation| with log width is {_g(data.get('worst_slope'), '.3f')} "
-             f"({_e(data.get('worst_module'))}), allowed {_g(data.get('max_slope_allowed'))}; widths "
-             f"{_e(data.get('widths'))}, {_e(data.get('steps'))} Adam steps.</div>")
+    html += (
+        f'<div class="{verdict}">{"passed" if data.get("passed") else "FAILED"}: the steepest growth of '
+        f"log|activation| with log width is {_g(data.get('worst_slope'), '.3f')} "
+        f"({_e(data.get('worst_module'))}), allowed {_g(data.get('max_slope_allowed'))}; widths "
+        f"{_e(data.get('widths'))}, {_e(data.get('steps'))} Adam steps.</div>"
+    )
     return html
 
 
@@ -182,24 +227,38 @@ def _dp(spec) -> str:
     c = spec.dp
     head = f"<h2>DP noise (ε={c.epsilon:g}, δ={c.delta:g}, E={c.epochs:g}, accountant {_e(c.accountant)})</h2>"
     if c.dataset_size is None:
-        return head + '<p class="muted">dp.dataset_size is not set (it is derived from the task when the plan is made); run <code>hpt dp-plan</code>.</p>'
+        return (
+            head
+            + '<p class="muted">dp.dataset_size is not set (it is derived from the task when the plan is made); run <code>hpt dp-plan</code>.</p>'
+        )
     try:
         p = dp_plan_for(c)
     except DPPlanError as e:
         return head + f'<div class="warn">{escape(str(e))}</div>'
     rows, classes = [], []
     for r in p.table:
-        rows.append([_g(r.batch_size), _g(r.steps), _g(r.sigma), _g(r.sigma_sqrt_t, ".4g"), _g(r.sigma_over_b, ".3g"),
-                     "yes" if r.feasible else escape(r.reason or "no")])
+        rows.append(
+            [
+                _g(r.batch_size),
+                _g(r.steps),
+                _g(r.sigma),
+                _g(r.sigma_sqrt_t, ".4g"),
+                _g(r.sigma_over_b, ".3g"),
+                "yes" if r.feasible else escape(r.reason or "no"),
+            ]
+        )
         classes.append("chosen" if r.batch_size == p.batch_size else "")
-    return (head + f"<p>Chosen B = <b>{p.batch_size}</b> (T = {p.steps}, σ = {p.noise_multiplier:.4g}): the smallest "
-            f"feasible B whose cumulative noise σ√T is within {c.tolerance:.0%} of the minimum (paper 1, arXiv 2510.20616). "
-            f"Clipping grid: {escape(', '.join(f'{x:.3g}' for x in p.clip_grid))}.</p>"
-            + _table(["B", "T", "σ", "σ√T", "σ/B", "feasible"], rows, classes)
-            + "".join(f'<p class="muted">{escape(n)}</p>' for n in p.notes))
+    return (
+        head + f"<p>Chosen B = <b>{p.batch_size}</b> (T = {p.steps}, σ = {p.noise_multiplier:.4g}): the smallest "
+        f"feasible B whose cumulative noise σ√T is within {c.tolerance:.0%} of the minimum (paper 1, arXiv 2510.20616). "
+        f"Clipping grid: {escape(', '.join(f'{x:.3g}' for x in p.clip_grid))}.</p>"
+        + _table(["B", "T", "σ", "σ√T", "σ/B", "feasible"], rows, classes)
+        + "".join(f'<p class="muted">{escape(n)}</p>' for n in p.notes)
+    )
 
 
 # --- entry point ---------------------------------------------------------------------------------
+
 
 def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Callable[[str], None] = print) -> Path:
     """Write study_dir/report/index.html and its PNGs; log the folder to the study's MLflow sweep
@@ -221,16 +280,25 @@ def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Ca
     final = (metrics or {}).get("final")
     results = paths.sweep_results
 
-    parts = [f"<h1>hptransfer report — {escape(spec.name)}</h1>",
-             f'<p class="muted">{escape(str(study))} · generated {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}</p>',
-             _summary(spec, plan, final), _warnings(plan), "<h2>µTransfer plot</h2>"]
+    parts = [
+        f"<h1>hptransfer report — {escape(spec.name)}</h1>",
+        f'<p class="muted">{escape(str(study))} · generated {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M UTC}</p>',
+        _summary(spec, plan, final),
+        _warnings(plan),
+        "<h2>µTransfer plot</h2>",
+    ]
     if results.is_file():
         df = pd.read_csv(results)
         target_loss = final.get("val_loss") if final else None
         plot_transfer(df, spec, plan, target_loss, paths.report_transfer_png)
-        parts.append(_img(paths.report_transfer_png.name, "validation loss against learning rate per width, with the transferred point"))
-        parts.append('<p class="muted">★ best grid point per width; ◆ the transferred value'
-                     + (" at the target run's validation loss" if target_loss is not None else "") + ".</p>")
+        parts.append(
+            _img(paths.report_transfer_png.name, "validation loss against learning rate per width, with the transferred point")
+        )
+        parts.append(
+            '<p class="muted">★ best grid point per width; ◆ the transferred value'
+            + (" at the target run's validation loss" if target_loss is not None else "")
+            + ".</p>"
+        )
     else:
         parts.append(_missing(paths.sweep_results.name, "hpt sweep SPEC"))
     parts.append("<h2>Optimum against width</h2>")
@@ -239,8 +307,10 @@ def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Ca
     parts.append(_diagnostics(plan) or _missing(paths.plan.name, "hpt transfer --study-dir STUDY_DIR"))
     parts.append(_coord(paths))
     parts.append(_dp(spec))
-    page = (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>hpt report: {escape(spec.name)}</title>'
-            f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n")
+    page = (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>hpt report: {escape(spec.name)}</title>'
+        f"<style>{_CSS}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
     index = write_atomic(paths.report_html, page)
     if tracking_uri:
         _log_to_mlflow(spec, study, out, tracking_uri, log)
@@ -254,8 +324,10 @@ def _log_to_mlflow(spec, study: Path, out: Path, tracking_uri: str, log: Callabl
     st = Study.from_spec(spec, study, tracking_uri=tracking_uri)
     run_id = _find_parent(st, "sweep")
     if run_id is None:
-        log(f"report not logged to MLflow: no sweep run tagged hpt.study_dir={study} in experiment {st.experiment!r} "
-            f"at {tracking_uri} (run `hpt sweep` with this tracking URI first)")
+        log(
+            f"report not logged to MLflow: no sweep run tagged hpt.study_dir={study} in experiment {st.experiment!r} "
+            f"at {tracking_uri} (run `hpt sweep` with this tracking URI first)"
+        )
         return None
     st.tracker(run_id=run_id).log_artifact(out, out.name)
     return run_id

@@ -23,9 +23,15 @@ def ray_session(cfg: RaySpec, address: str | None = None):
     else:
         # Explicit sizes: Ray's defaults take 30% of RAM for the object store and every core.
         # address="local": always a fresh embedded cluster, never a stray `ray start` one.
-        ray.init(address="local", num_cpus=cfg.num_cpus or os.cpu_count(), include_dashboard=False,
-                 object_store_memory=cfg.object_store_mb * 1024 * 1024, log_to_driver=True,
-                 configure_logging=True, logging_level="WARNING")
+        ray.init(
+            address="local",
+            num_cpus=cfg.num_cpus or os.cpu_count(),
+            include_dashboard=False,
+            object_store_memory=cfg.object_store_mb * 1024 * 1024,
+            log_to_driver=True,
+            configure_logging=True,
+            logging_level="WARNING",
+        )
     try:
         yield
     finally:

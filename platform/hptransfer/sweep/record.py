@@ -10,10 +10,9 @@ skips children already logged.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
-
-from typing import TYPE_CHECKING
 
 from hptransfer.spec import StudySpec
 from hptransfer.tracking import log_sweep_runs
@@ -65,8 +64,10 @@ def log_sweep(study: Study, df: pd.DataFrame, grid, plot: Path | None = None) ->
         hist = r.metrics_dataframe if r is not None else None
         if hist is None or not len(hist):
             return []
-        return [{"step": h.get("step", 0), **{k: h[k] for k in ("train_loss", "val_loss") if k in h}}
-                for h in hist.to_dict(orient="records")]
+        return [
+            {"step": h.get("step", 0), **{k: h[k] for k in ("train_loss", "val_loss") if k in h}}
+            for h in hist.to_dict(orient="records")
+        ]
 
     best = {}
     for w, g in df[df.status == "ok"].groupby("width"):
@@ -76,14 +77,31 @@ def log_sweep(study: Study, df: pd.DataFrame, grid, plot: Path | None = None) ->
             best[f"best_{hp}_w{w}"] = b[hp]
     counts = {f"trials_{s}": int((df.status == s).sum()) for s in ("ok", "diverged", "failed")}
     return log_sweep_runs(
-        study, df, kind="sweep", child_kind="trial", run_name=f"{spec.name}-sweep",
-        parent_params={"widths": spec.sweep.widths, "grid": spec.sweep.grid, "seeds": spec.sweep.seeds,
-                       "steps": spec.sweep.steps, "batch_size": spec.sweep.batch_size,
-                       "family": spec.model.family, "parametrization": spec.model.parametrization,
-                       "depth": spec.model.depth, "rule": spec.transfer.rule},
+        study,
+        df,
+        kind="sweep",
+        child_kind="trial",
+        run_name=f"{spec.name}-sweep",
+        parent_params={
+            "widths": spec.sweep.widths,
+            "grid": spec.sweep.grid,
+            "seeds": spec.sweep.seeds,
+            "steps": spec.sweep.steps,
+            "batch_size": spec.sweep.batch_size,
+            "family": spec.model.family,
+            "parametrization": spec.model.parametrization,
+            "depth": spec.model.depth,
+            "rule": spec.transfer.rule,
+        },
         child_name=lambda row: f"w{row['width']}-" + "-".join(f"{hp}{row[hp]:.3g}" for hp in tuned) + f"-s{row['seed']}",
-        child_params=lambda row: {"width": row["width"], "seed": row["seed"], **{hp: row[hp] for hp in tuned},
-                                  **spec.sweep.fixed},
+        child_params=lambda row: {
+            "width": row["width"],
+            "seed": row["seed"],
+            **{hp: row[hp] for hp in tuned},
+            **spec.sweep.fixed,
+        },
         child_metrics=lambda row: {"final_val_loss": row["val_loss"], "wall_s": row["wall_s"]},
-        history=history, parent_metrics={**best, **counts},
-        artifacts=[study.paths.sweep_results, study.paths.spec, *([plot] if plot else [])])
+        history=history,
+        parent_metrics={**best, **counts},
+        artifacts=[study.paths.sweep_results, study.paths.spec, *([plot] if plot else [])],
+    )

@@ -18,9 +18,10 @@ import math
 import re
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -60,8 +61,11 @@ class SweepTask:
 
 def check_resources(need: dict[str, float], cluster: dict, fields: dict[str, str]) -> None:
     """Refuse before any trial starts if one trial cannot fit on the cluster (Tune would wait forever)."""
-    over = [f"{fields.get(k, k)}={v:g} exceeds the cluster's {cluster.get(k.upper(), 0):g} {k.upper()}s"
-            for k, v in need.items() if v > cluster.get(k.upper(), 0)]
+    over = [
+        f"{fields.get(k, k)}={v:g} exceeds the cluster's {cluster.get(k.upper(), 0):g} {k.upper()}s"
+        for k, v in need.items()
+        if v > cluster.get(k.upper(), 0)
+    ]
     if over:
         raise SweepError("; ".join(over) + "; lower the request, add nodes, or pass --address of a larger cluster")
 
@@ -95,8 +99,10 @@ def _progress_callback(task: SweepTask):
             # a module function, not a passed-in logger: Tune pickles its callbacks with the experiment state.
             from hptransfer.logs import progress
 
-            progress(f"[sweep {self.done}/{total}] {describe(trial.config)} -> {status} {task.metric}={value:.4f} | "
-                     f"{elapsed:.0f}s elapsed, ~{eta:.0f}s left")
+            progress(
+                f"[sweep {self.done}/{total}] {describe(trial.config)} -> {status} {task.metric}={value:.4f} | "
+                f"{elapsed:.0f}s elapsed, ~{eta:.0f}s left"
+            )
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             r = trial.last_result or {}
@@ -115,11 +121,14 @@ def _error_line(r) -> str:
     """The exception's own message (type: message and its detail lines), not the traceback's frames."""
     if not r.error:
         return ""
-    lines = [ln.strip() for ln in str(r.error).strip().splitlines()
-             if ln.strip() and not ln.strip().startswith("For further information")]
+    lines = [
+        ln.strip()
+        for ln in str(r.error).strip().splitlines()
+        if ln.strip() and not ln.strip().startswith("For further information")
+    ]
     starts = [i for i, ln in enumerate(lines) if re.match(r"^[\w.]+(Error|Exception|Exit)\b.*:", ln)]
     i = starts[-1] if starts else len(lines) - 1
-    return " | ".join(lines[i:i + 4])[:300]
+    return " | ".join(lines[i : i + 4])[:300]
 
 
 def run_sweep_task(study: Study, task: SweepTask, *, restart: bool = False, log=print) -> tuple[pd.DataFrame, Any]:
@@ -145,14 +154,16 @@ def run_sweep_task(study: Study, task: SweepTask, *, restart: bool = False, log=
             shutil.rmtree(exp_dir)
         if resumable:
             if stamp.exists() and stamp.read_text().strip() != task.fingerprint:
-                raise SweepError(f"{exp_dir} holds a sweep of a different spec; rerun with --restart "
-                                 "to start over, or use another --study-dir")
+                raise SweepError(
+                    f"{exp_dir} holds a sweep of a different spec; rerun with --restart to start over, or use another --study-dir"
+                )
             log(f"resuming the sweep in {exp_dir} (finished trials are kept; --restart starts over)")
             try:
                 tuner = tune.Tuner.restore(str(exp_dir), trainable, resume_errored=False, restart_errored=False)
             except Exception as e:  # a corrupt state must not hide behind a bare traceback
-                raise SweepError(f"cannot resume the sweep in {exp_dir}: {type(e).__name__}: {e}; "
-                                 "rerun with --restart to start over") from e
+                raise SweepError(
+                    f"cannot resume the sweep in {exp_dir}: {type(e).__name__}: {e}; rerun with --restart to start over"
+                ) from e
         else:
             write_atomic(stamp, task.fingerprint)
             tuner = tune.Tuner(
@@ -160,10 +171,17 @@ def run_sweep_task(study: Study, task: SweepTask, *, restart: bool = False, log=
                 param_space={**task.constants, **{k: tune.grid_search(list(v)) for k, v in task.axes.items()}},
                 # Reusing trial processes skips ~5 s of imports, corpus reading and first model build
                 # per trial (benchmarks/sweep_overhead.py: 24 trials 302 s → 133 s).
-                tune_config=tune.TuneConfig(metric=task.metric, mode=task.mode, reuse_actors=task.reuse_actors,
-                                            scheduler=task.scheduler, time_budget_s=task.time_budget_s),
+                tune_config=tune.TuneConfig(
+                    metric=task.metric,
+                    mode=task.mode,
+                    reuse_actors=task.reuse_actors,
+                    scheduler=task.scheduler,
+                    time_budget_s=task.time_budget_s,
+                ),
                 run_config=tune.RunConfig(
-                    name=task.experiment, storage_path=str(exp_dir.parent), verbose=0,
+                    name=task.experiment,
+                    storage_path=str(exp_dir.parent),
+                    verbose=0,
                     callbacks=[_progress_callback(task)],
                     failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
                 ),
@@ -180,13 +198,17 @@ def run_sweep_task(study: Study, task: SweepTask, *, restart: bool = False, log=
 
 # --- the µTransfer sweep: widths × grid × seeds --------------------------------------------------
 
+
 def _scheduler(spec: StudySpec):
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.schedulers import ASHAScheduler
 
     if spec.sweep.scheduler == "asha":
-        return ASHAScheduler(time_attr="step", max_t=spec.sweep.steps,
-                             grace_period=max(1, int(spec.sweep.steps * spec.sweep.asha_grace_fraction)),
-                             reduction_factor=spec.sweep.asha_reduction_factor)
+        return ASHAScheduler(
+            time_attr="step",
+            max_t=spec.sweep.steps,
+            grace_period=max(1, int(spec.sweep.steps * spec.sweep.asha_grace_fraction)),
+            reduction_factor=spec.sweep.asha_reduction_factor,
+        )
     return None
 
 
@@ -206,25 +228,40 @@ def lm_sweep_task(study: Study) -> SweepTask:
     def row(r) -> dict:
         c, m = r.config, r.metrics or {}
         s = status(c, m, bool(r.error))
-        return {"width": c["width"], **{hp: c[hp] for hp in grid}, "seed": c["seed"],
-                "val_loss": float(m.get("val_loss", math.nan)) if s in ("ok", "stopped") else math.nan,
-                "status": s, "train_loss": float(m.get("train_loss", math.nan)),
-                "steps_done": int(m.get("step", 0)), "wall_s": float(m.get("wall_s", math.nan)),
-                "train_s": float(m.get("train_s", math.nan)), "trial_id": m.get("trial_id") or Path(r.path).name,
-                "spec_hash": study.sweep_hash}
+        return {
+            "width": c["width"],
+            **{hp: c[hp] for hp in grid},
+            "seed": c["seed"],
+            "val_loss": float(m.get("val_loss", math.nan)) if s in ("ok", "stopped") else math.nan,
+            "status": s,
+            "train_loss": float(m.get("train_loss", math.nan)),
+            "steps_done": int(m.get("step", 0)),
+            "wall_s": float(m.get("wall_s", math.nan)),
+            "train_s": float(m.get("train_s", math.nan)),
+            "trial_id": m.get("trial_id") or Path(r.path).name,
+            "spec_hash": study.sweep_hash,
+        }
 
     return SweepTask(
         experiment=SWEEP_EXPERIMENT,
-        trainable=tune.with_parameters(tune_trainable, spec=spec,
-                                       done_dir=str(study.paths.trials_done)),
-        axes={"width": list(spec.sweep.widths), "seed": list(spec.sweep.seeds),
-              **{hp: list(v) for hp, v in spec.sweep.grid.items()}},
+        trainable=tune.with_parameters(tune_trainable, spec=spec, done_dir=str(study.paths.trials_done)),
+        axes={
+            "width": list(spec.sweep.widths),
+            "seed": list(spec.sweep.seeds),
+            **{hp: list(v) for hp, v in spec.sweep.grid.items()},
+        },
         resources={"cpu": spec.sweep.cpus_per_trial, "gpu": spec.sweep.gpus_per_trial},
-        metric="val_loss", mode="min", row=row, results_path=study.paths.sweep_results,
-        fingerprint=study.sweep_hash or "", sort_by=["width", *grid, "seed"],
+        metric="val_loss",
+        mode="min",
+        row=row,
+        results_path=study.paths.sweep_results,
+        fingerprint=study.sweep_hash or "",
+        sort_by=["width", *grid, "seed"],
         restart_also=(study.paths.trials_done,),
         describe=lambda c: f"width={c['width']} " + " ".join(f"{k}={c[k]:.3g}" for k in grid) + f" seed={c['seed']}",
-        status=lambda c, m: status(c, m), scheduler=_scheduler(spec), time_budget_s=spec.sweep.wall_clock_budget_s,
+        status=lambda c, m: status(c, m),
+        scheduler=_scheduler(spec),
+        time_budget_s=spec.sweep.wall_clock_budget_s,
     )
 
 
@@ -262,10 +299,17 @@ def noise_task(study: Study, points: list[dict]) -> SweepTask:
     return SweepTask(
         experiment=NOISE_EXPERIMENT,
         trainable=tune.with_parameters(trainable, spec=spec, done_dir=str(study.paths.trials_done)),
-        axes={"point": points}, resources=base.resources, metric="val_loss", mode="min",
-        row=lambda r: base.row(_Unpacked(r, unpack(r.config))), results_path=study.paths.noise_results,
-        fingerprint=fingerprint, sort_by=base.sort_by, describe=lambda c: "replicate " + base.describe(unpack(c)),
-        status=lambda c, m: base.status(unpack(c), m))
+        axes={"point": points},
+        resources=base.resources,
+        metric="val_loss",
+        mode="min",
+        row=lambda r: base.row(_Unpacked(r, unpack(r.config))),
+        results_path=study.paths.noise_results,
+        fingerprint=fingerprint,
+        sort_by=base.sort_by,
+        describe=lambda c: "replicate " + base.describe(unpack(c)),
+        status=lambda c, m: base.status(unpack(c), m),
+    )
 
 
 class _Unpacked:

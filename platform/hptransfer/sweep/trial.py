@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -24,8 +24,9 @@ def trial_hps(spec: StudySpec, point: dict) -> Hyperparameters:
     return Hyperparameters.of(spec.sweep.fixed, {k: point[k] for k in spec.sweep.grid})
 
 
-def train_proxy(spec: StudySpec, width: int, hps: Hyperparameters, seed: int, report: Reporter | None = None,
-                n_reports: int = 4) -> dict:
+def train_proxy(
+    spec: StudySpec, width: int, hps: Hyperparameters, seed: int, report: Reporter | None = None, n_reports: int = 4
+) -> dict:
     """Train one proxy model; returns the final metrics. `report` gets `n_reports` evaluations."""
     from hptransfer.data import open_corpus
     from hptransfer.models import evaluate, lm_logits, training_setup
@@ -34,8 +35,9 @@ def train_proxy(spec: StudySpec, width: int, hps: Hyperparameters, seed: int, re
     corpus = open_corpus(spec.data, seq_len=spec.model.seq_len, steps=spec.sweep.steps, batch_size=spec.sweep.batch_size)
     val = corpus.val_batches(spec.data.eval_batches, spec.sweep.batch_size, spec.model.seq_len)
     steps = spec.sweep.steps
-    run = training_setup(spec.model, width, base_width=spec.base_width, hps=hps, total_steps=steps, seed=seed,
-                         rule=spec.transfer.rule)
+    run = training_setup(
+        spec.model, width, base_width=spec.base_width, hps=hps, total_steps=steps, seed=seed, rule=spec.transfer.rule
+    )
     model, opt, sched = run.model, run.optimizer, run.scheduler()
     eval_at = {max(1, round(steps * (i + 1) / n_reports)) for i in range(n_reports)}
     metrics = {"status": "ok", "val_loss": float("nan"), "train_loss": float("nan"), "step": 0}

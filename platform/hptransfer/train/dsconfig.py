@@ -10,8 +10,9 @@ from hptransfer.plan import TransferPlan
 def micro_batching(global_batch: int, workers: int, max_micro: int | None = None) -> tuple[int, int]:
     """(micro batch per worker, gradient accumulation steps) with micro × accum × workers = global."""
     if global_batch % workers:
-        raise PlanError(f"target.batch_size={global_batch} is not divisible by train.workers={workers}; "
-                        f"use a multiple of {workers}")
+        raise PlanError(
+            f"target.batch_size={global_batch} is not divisible by train.workers={workers}; use a multiple of {workers}"
+        )
     per_worker = global_batch // workers
     micro = per_worker if not max_micro else max(d for d in range(1, min(per_worker, max_micro) + 1) if per_worker % d == 0)
     return micro, per_worker // micro
@@ -22,9 +23,11 @@ def deepspeed_config(plan: TransferPlan, workers: int, *, bf16: bool = False, ma
         # ZeRO-3 replaces each parameter by a flat partition: the `infshape` that µP's MuAdamW and
         # MuReadout read is gone from what the optimizer sees, so per-layer LRs silently fall back
         # to SP. Refuse rather than train a different model than the one that was tuned.
-        raise PlanError("train.zero_stage=3 with parametrization=mup is refused: ZeRO-3 partitions parameters "
-                        "and drops µP's infshape, so the tuned per-layer learning rates would not apply; "
-                        "use zero_stage 0, 1 or 2")
+        raise PlanError(
+            "train.zero_stage=3 with parametrization=mup is refused: ZeRO-3 partitions parameters "
+            "and drops µP's infshape, so the tuned per-layer learning rates would not apply; "
+            "use zero_stage 0, 1 or 2"
+        )
     micro, accum = micro_batching(plan.target.batch_size, workers, max_micro_batch)
     return {
         "train_batch_size": plan.target.batch_size,

@@ -31,13 +31,21 @@ def build_engine(plan: TransferPlan, world: int, *, bf16: bool = False):
     from hptransfer.transfer.schedule import warmup_multiplier
 
     # The base schedule times the rule's multiplicative warmup (1 except for `sp-warmup`).
-    run = training_setup(plan.model, plan.target.width, base_width=plan.base_width, hps=plan.hps,
-                         total_steps=plan.target.steps, seed=plan.seed,
-                         extra_lr_factor=lambda s: warmup_multiplier(s, plan), rule=plan.rule)
+    run = training_setup(
+        plan.model,
+        plan.target.width,
+        base_width=plan.base_width,
+        hps=plan.hps,
+        total_steps=plan.target.steps,
+        seed=plan.seed,
+        extra_lr_factor=lambda s: warmup_multiplier(s, plan),
+        rule=plan.rule,
+    )
     ds_cfg = deepspeed_config(plan, world, bf16=bf16)  # gradient_clipping = the plan's grad_clip
     # µP's parameter groups exist before DeepSpeed sees the optimizer.
-    engine, _, _, _ = deepspeed.initialize(model=run.model, optimizer=run.optimizer, config=ds_cfg,
-                                           lr_scheduler=lambda opt: run.scheduler(opt))
+    engine, _, _, _ = deepspeed.initialize(
+        model=run.model, optimizer=run.optimizer, config=ds_cfg, lr_scheduler=lambda opt: run.scheduler(opt)
+    )
     return engine, ds_cfg, run.lr_factor
 
 
@@ -47,8 +55,8 @@ def train_step(engine, x: torch.Tensor, y: torch.Tensor, micro: int) -> torch.Te
     from hptransfer.models import lm_logits
 
     for i in range(0, len(x), micro):
-        logits = lm_logits(engine, x[i:i + micro])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[i:i + micro].reshape(-1))
+        logits = lm_logits(engine, x[i : i + micro])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[i : i + micro].reshape(-1))
         engine.backward(loss)
         engine.step()
     return loss
@@ -89,9 +97,17 @@ def train_loop_per_worker(config: dict) -> None:
 
     if rank == 0:
         # What the running engine actually applies per parameter group (a test compares it with the plan).
-        write_json(paths.engine_param_groups, [
-            {"lr": g.get("initial_lr", g["lr"]), "weight_decay": g["weight_decay"],
-             "numel": sum(p.numel() for p in g["params"])} for g in engine.optimizer.param_groups])
+        write_json(
+            paths.engine_param_groups,
+            [
+                {
+                    "lr": g.get("initial_lr", g["lr"]),
+                    "weight_decay": g["weight_decay"],
+                    "numel": sum(p.numel() for p in g["params"]),
+                }
+                for g in engine.optimizer.param_groups
+            ],
+        )
     start, history = 0, []
     restored = ray.train.get_checkpoint()
     if restored:
@@ -103,9 +119,13 @@ def train_loop_per_worker(config: dict) -> None:
     # write per step (~30-40 ms on SQLite) cost 12% of the loop at width 64, 2.4% at width 256
     # (benchmarks/train_throughput.py --mlflow; results/train_mlflow_batching*.json).
     every_steps = config.get("mlflow_every")
-    tracker = BatchedMetrics(MlflowTracker(config["tracking_uri"], config["experiment"], run_id=config["run_id"])
-                             if rank == 0 and config.get("run_id") else NullTracker(),
-                             every_steps=every_steps, every_s=None if every_steps else MLFLOW_FLUSH_S)
+    tracker = BatchedMetrics(
+        MlflowTracker(config["tracking_uri"], config["experiment"], run_id=config["run_id"])
+        if rank == 0 and config.get("run_id")
+        else NullTracker(),
+        every_steps=every_steps,
+        every_s=None if every_steps else MLFLOW_FLUSH_S,
+    )
     if restored:
         tracker.set_tags({"resumed_from_step": start})
     corpus = open_corpus(plan.data, seq_len=T, steps=steps, batch_size=B)
@@ -124,8 +144,12 @@ def train_loop_per_worker(config: dict) -> None:
         tokens += B * T
         loss_t = loss.detach().clone()
         dist.all_reduce(loss_t)
-        metrics = {"step": step, "train_loss": loss_t.item() / world, "lr": plan.hps.lr * lr_factor(step - 1),
-                   "tokens_per_s": tokens / (time.perf_counter() - t0)}
+        metrics = {
+            "step": step,
+            "train_loss": loss_t.item() / world,
+            "lr": plan.hps.lr * lr_factor(step - 1),
+            "tokens_per_s": tokens / (time.perf_counter() - t0),
+        }
         if step % plan.train.eval_every == 0 or step == steps:
             metrics["val_loss"] = evaluate(engine.module, val)
         if not math.isfinite(metrics["train_loss"]):
@@ -144,16 +168,28 @@ def train_loop_per_worker(config: dict) -> None:
             progress.checkpoint(step)
 
     tracker.flush()
-    metrics = {**metrics, "wall_s": time.perf_counter() - t0, "resumed_from_step": start,
-               "mlflow_log_s": tracker.seconds, "mlflow_writes": tracker.writes, "mlflow_first_write_s": tracker.first_s}
+    metrics = {
+        **metrics,
+        "wall_s": time.perf_counter() - t0,
+        "resumed_from_step": start,
+        "mlflow_log_s": tracker.seconds,
+        "mlflow_writes": tracker.writes,
+        "mlflow_first_write_s": tracker.first_s,
+    }
     metrics.setdefault("status", "ok")
     d, ckpt = _save(engine, paths, metrics["step"], history, rank)
     if rank == 0:
         write_json(paths.metrics, {"final": metrics, "history": history, "deepspeed_config": ds_cfg})
         # Weights plain `from_pretrained` reads correctly (µP's readout multiplier folded in), with
         # the base shapes and plan beside them so hptransfer can continue µP training.
-        save_handoff(engine.module, paths.hf_model, spec_model=plan.model, width=plan.target.width,
-                     base_width=plan.base_width, plan_dict=plan.model_dump(mode="json"))
+        save_handoff(
+            engine.module,
+            paths.hf_model,
+            spec_model=plan.model,
+            width=plan.target.width,
+            base_width=plan.base_width,
+            plan_dict=plan.model_dump(mode="json"),
+        )
     progress.finish(metrics)
     ray.train.report(metrics, checkpoint=ckpt)
     if rank == 0:

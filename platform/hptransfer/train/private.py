@@ -94,8 +94,16 @@ def check_private_plan(plan: TransferPlan, available: int) -> PrivateRun:
     from hptransfer.privacy import DPConfig
 
     if plan.dp is None:
-        raise PlanError("plan", [Problem("dp", "rule `dp` needs the plan's `dp` block (the DP plan)", fix=
-                                         "make the plan with `hpt transfer` from a spec with a `dp:` block")])
+        raise PlanError(
+            "plan",
+            [
+                Problem(
+                    "dp",
+                    "rule `dp` needs the plan's `dp` block (the DP plan)",
+                    fix="make the plan with `hpt transfer` from a spec with a `dp:` block",
+                )
+            ],
+        )
     source = "plan's dp block"
     try:
         cfg = DPConfig.model_validate(plan.dp.get("config") or {})
@@ -106,27 +114,55 @@ def check_private_plan(plan: TransferPlan, available: int) -> PrivateRun:
     b, t = plan.target.batch_size, plan.target.steps
     sigma, clip = plan.dp.get("noise_multiplier"), plan.dp.get("clip")
     if n is None:
-        problems.append(Problem("dp.config.dataset_size", "is not set: the accountant needs N", fix=
-                                f"remake the plan (`hpt transfer` derives N from the data: {available} sequences)"))
+        problems.append(
+            Problem(
+                "dp.config.dataset_size",
+                "is not set: the accountant needs N",
+                fix=f"remake the plan (`hpt transfer` derives N from the data: {available} sequences)",
+            )
+        )
     elif n > available:
-        problems.append(Problem("dp.config.dataset_size", f"N={n} exceeds the {available} private sequences of "
-                                f"{plan.target.seq_len + 1} tokens in the corpus", n,
-                                f"set dp.dataset_size ≤ {available} (or null: all of them) and remake the plan, or add data"))
+        problems.append(
+            Problem(
+                "dp.config.dataset_size",
+                f"N={n} exceeds the {available} private sequences of {plan.target.seq_len + 1} tokens in the corpus",
+                n,
+                f"set dp.dataset_size ≤ {available} (or null: all of them) and remake the plan, or add data",
+            )
+        )
     if n is not None and b > n:
-        problems.append(Problem("target.batch_size", f"B={b} exceeds N={n}: q = B/N must be ≤ 1", b,
-                                "remake the plan (`hpt transfer` takes B from the DP plan) or lower it"))
+        problems.append(
+            Problem(
+                "target.batch_size",
+                f"B={b} exceeds N={n}: q = B/N must be ≤ 1",
+                b,
+                "remake the plan (`hpt transfer` takes B from the DP plan) or lower it",
+            )
+        )
     if t < cfg.min_steps:
-        problems.append(Problem("target.steps", f"T={t} is below dp.min_steps={cfg.min_steps}: the dataset "
-                                f"(N={n}) is too small for the epoch budget at B={b}", t,
-                                "add data, raise dp.epochs, use a smaller batch, or lower dp.min_steps"))
+        problems.append(
+            Problem(
+                "target.steps",
+                f"T={t} is below dp.min_steps={cfg.min_steps}: the dataset (N={n}) is too small for the epoch budget at B={b}",
+                t,
+                "add data, raise dp.epochs, use a smaller batch, or lower dp.min_steps",
+            )
+        )
     if not isinstance(sigma, (int, float)) or sigma <= 0:
         problems.append(Problem("dp.noise_multiplier", "must be a number > 0", sigma, "remake the plan"))
     if not isinstance(clip, (int, float)) or clip <= 0:
         problems.append(Problem("dp.clip", "must be a number > 0", clip, "pick C from dp.clip_grid"))
     if cfg.init_from:
-        problems += [Problem("dp.config.init_from", why, cfg.init_from, "hand off a model of the plan's family, width, "
-                             "depth and vocabulary (an earlier study's train/hf_model), or set dp.init_from: null")
-                     for why in _init_from_problems(plan, cfg.init_from)]
+        problems += [
+            Problem(
+                "dp.config.init_from",
+                why,
+                cfg.init_from,
+                "hand off a model of the plan's family, width, "
+                "depth and vocabulary (an earlier study's train/hf_model), or set dp.init_from: null",
+            )
+            for why in _init_from_problems(plan, cfg.init_from)
+        ]
     if problems:
         raise DPError(source, problems)
     from hptransfer.dp.accounting import epsilon_spent
@@ -134,13 +170,31 @@ def check_private_plan(plan: TransferPlan, available: int) -> PrivateRun:
     q = b / n
     planned = epsilon_spent(float(sigma), q, t, cfg.delta, cfg.accountant)
     if planned > cfg.epsilon:
-        raise DPError(source, [Problem("", f"(σ={sigma:.4g}, q=B/N={b}/{n}, T={t}) spends ε={planned:.4g} > the "
-                                       f"target {cfg.epsilon:g} (δ={cfg.delta:g}, {cfg.accountant})", fix=
-                                       "the run would exceed its budget: remake the plan with `hpt transfer` "
-                                       "instead of editing target.batch_size, target.steps or dp.noise_multiplier")])
-    return PrivateRun(dataset_size=n, batch_size=b, steps=t, sample_rate=q, noise_multiplier=float(sigma),
-                      clip=float(clip), epsilon=cfg.epsilon, delta=cfg.delta, accountant=cfg.accountant,
-                      planned_epsilon=planned, init_from=cfg.init_from)
+        raise DPError(
+            source,
+            [
+                Problem(
+                    "",
+                    f"(σ={sigma:.4g}, q=B/N={b}/{n}, T={t}) spends ε={planned:.4g} > the "
+                    f"target {cfg.epsilon:g} (δ={cfg.delta:g}, {cfg.accountant})",
+                    fix="the run would exceed its budget: remake the plan with `hpt transfer` "
+                    "instead of editing target.batch_size, target.steps or dp.noise_multiplier",
+                )
+            ],
+        )
+    return PrivateRun(
+        dataset_size=n,
+        batch_size=b,
+        steps=t,
+        sample_rate=q,
+        noise_multiplier=float(sigma),
+        clip=float(clip),
+        epsilon=cfg.epsilon,
+        delta=cfg.delta,
+        accountant=cfg.accountant,
+        planned_epsilon=planned,
+        init_from=cfg.init_from,
+    )
 
 
 def _init_from_problems(plan: TransferPlan, folder: str) -> list[str]:
@@ -155,8 +209,16 @@ def _init_from_problems(plan: TransferPlan, folder: str) -> list[str]:
     return check_init_from(folder, model)
 
 
-def run_private_train(study: Study, plan: TransferPlan, *, resume: bool = False, restart: bool = False, log=print,
-                      dp_seed: int | None = None, mlflow_every: int | None = None) -> dict:
+def run_private_train(
+    study: Study,
+    plan: TransferPlan,
+    *,
+    resume: bool = False,
+    restart: bool = False,
+    log=print,
+    dp_seed: int | None = None,
+    mlflow_every: int | None = None,
+) -> dict:
     """Run (or, with resume=True, continue from its latest checkpoint) the private large run into
     the study's train/ folder; returns rank 0's final metrics (with `epsilon_spent`, `delta`)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -172,47 +234,75 @@ def run_private_train(study: Study, plan: TransferPlan, *, resume: bool = False,
     logs.attach(study.paths.log_file)
     previous = paths.ray_experiment
     if previous.exists() and restart:
-        aside = study.move_aside(paths.ray_storage, paths.metrics, paths.hf_model, paths.progress,
-                                  paths.progress_log, paths.plan)
+        aside = study.move_aside(paths.ray_storage, paths.metrics, paths.hf_model, paths.progress, paths.progress_log, paths.plan)
         log(f"restart: the previous large run was moved to {aside}")
     elif previous.exists() and not resume:
-        raise PlanError(f"{paths.root} already holds a training run; pass --resume to continue it from its latest "
-                        "checkpoint, or --restart to discard it")
+        raise PlanError(
+            f"{paths.root} already holds a training run; pass --resume to continue it from its latest "
+            "checkpoint, or --restart to discard it"
+        )
     elif previous.exists() and paths.plan.is_file():
         _check_same_model(paths.plan, plan)
         _check_same_privacy(paths.plan, run)
     gpus = plan.train.gpus_per_worker
     tracker = study.tracker(f"{plan.study}-train", kind="train", tags={"rule": plan.rule, "private": "true"})
-    tracker.log_params({"width": plan.target.width, "steps": run.steps, "batch_size": run.batch_size,
-                        "rule": plan.rule, "parametrization": plan.model.parametrization, "family": plan.model.family,
-                        "depth": plan.model.depth, "workers": plan.train.workers, "dp.dataset_size": run.dataset_size,
-                        "dp.sample_rate": run.sample_rate, "dp.noise_multiplier": run.noise_multiplier,
-                        "dp.clip": run.clip, "dp.epsilon": run.epsilon, "dp.delta": run.delta,
-                        "dp.accountant": run.accountant, "dp.lr_source": plan.dp.get("lr_source", "?"),
-                        "dp.init_from": run.init_from or "fresh",
-                        **{f"hp.{k}": v for k, v in plan.hps.as_dict().items()}})
+    tracker.log_params(
+        {
+            "width": plan.target.width,
+            "steps": run.steps,
+            "batch_size": run.batch_size,
+            "rule": plan.rule,
+            "parametrization": plan.model.parametrization,
+            "family": plan.model.family,
+            "depth": plan.model.depth,
+            "workers": plan.train.workers,
+            "dp.dataset_size": run.dataset_size,
+            "dp.sample_rate": run.sample_rate,
+            "dp.noise_multiplier": run.noise_multiplier,
+            "dp.clip": run.clip,
+            "dp.epsilon": run.epsilon,
+            "dp.delta": run.delta,
+            "dp.accountant": run.accountant,
+            "dp.lr_source": plan.dp.get("lr_source", "?"),
+            "dp.init_from": run.init_from or "fresh",
+            **{f"hp.{k}": v for k, v in plan.hps.as_dict().items()},
+        }
+    )
     save_plan(plan, paths.plan)  # the plan this run trains (a resume checks it)
-    log(f"train (DP): width {plan.target.width}, N={run.dataset_size} sequences of {plan.target.seq_len + 1} tokens, "
+    log(
+        f"train (DP): width {plan.target.width}, N={run.dataset_size} sequences of {plan.target.seq_len + 1} tokens, "
         f"B={run.batch_size} (q={run.sample_rate:.4g}), T={run.steps} steps ({run.epochs:.3g} epochs), "
         f"σ={run.noise_multiplier:.4g}, C={run.clip:g}, ε={run.epsilon:g} (planned {run.planned_epsilon:.4g}), "
         f"δ={run.delta:g}, {plan.train.workers} workers, lr {plan.hps.lr:.4g}, "
-        f"from {run.init_from or 'a fresh model'}")
+        f"from {run.init_from or 'a fresh model'}"
+    )
     with study.ray_session():
         trainer = TorchTrainer(
             private_loop_per_worker,
-            train_loop_config={"plan": plan.model_dump(mode="json"), "run": asdict(run), "out_dir": str(paths.root),
-                               "tracking_uri": study.tracking_uri, "experiment": study.experiment,
-                               "run_id": tracker.run_id, "mlflow_every": mlflow_every,
-                               "seed": dp_seed if dp_seed is not None else secrets.randbits(62)},
-            scaling_config=ScalingConfig(num_workers=plan.train.workers, use_gpu=gpus > 0,
-                                         resources_per_worker={"CPU": plan.train.cpus_per_worker,
-                                                               **({"GPU": gpus} if gpus else {})}),
+            train_loop_config={
+                "plan": plan.model_dump(mode="json"),
+                "run": asdict(run),
+                "out_dir": str(paths.root),
+                "tracking_uri": study.tracking_uri,
+                "experiment": study.experiment,
+                "run_id": tracker.run_id,
+                "mlflow_every": mlflow_every,
+                "seed": dp_seed if dp_seed is not None else secrets.randbits(62),
+            },
+            scaling_config=ScalingConfig(
+                num_workers=plan.train.workers,
+                use_gpu=gpus > 0,
+                resources_per_worker={"CPU": plan.train.cpus_per_worker, **({"GPU": gpus} if gpus else {})},
+            ),
             torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
             # Same name + storage path: Ray Train hands the loop the latest checkpoint after a worker
             # dies and on --resume (as in the non-private run).
-            run_config=RunConfig(name=TRAIN_EXPERIMENT, storage_path=str(paths.ray_storage),
-                                 failure_config=FailureConfig(max_failures=plan.train.max_failures),
-                                 checkpoint_config=CheckpointConfig(num_to_keep=plan.train.keep_checkpoints)),
+            run_config=RunConfig(
+                name=TRAIN_EXPERIMENT,
+                storage_path=str(paths.ray_storage),
+                failure_config=FailureConfig(max_failures=plan.train.max_failures),
+                checkpoint_config=CheckpointConfig(num_to_keep=plan.train.keep_checkpoints),
+            ),
         )
         try:
             with logs.follow(paths.progress_log):
@@ -224,11 +314,18 @@ def run_private_train(study: Study, plan: TransferPlan, *, resume: bool = False,
     for path in (paths.metrics, paths.plan, paths.hf_model):
         if path.exists():
             tracker.log_artifact(path)
-    tracker.log_metrics({f"final_{k}": v for k, v in metrics.items()
-                         if k in ("train_loss", "val_loss", "initial_val_loss", "tokens_per_s", "epsilon_spent")})
+    tracker.log_metrics(
+        {
+            f"final_{k}": v
+            for k, v in metrics.items()
+            if k in ("train_loss", "val_loss", "initial_val_loss", "tokens_per_s", "epsilon_spent")
+        }
+    )
     tracker.end("FINISHED" if metrics.get("status") == "ok" else "FAILED")
-    log(f"train (DP): ε spent {metrics.get('epsilon_spent', float('nan')):.4g} of {run.epsilon:g} "
-        f"(δ={run.delta:g}), status {metrics.get('status')}")
+    log(
+        f"train (DP): ε spent {metrics.get('epsilon_spent', float('nan')):.4g} of {run.epsilon:g} "
+        f"(δ={run.delta:g}), status {metrics.get('status')}"
+    )
     metrics["mlflow_run_id"] = tracker.run_id
     metrics["checkpoint"] = result.checkpoint.path if result.checkpoint else None
     return metrics
@@ -241,16 +338,20 @@ def _check_same_privacy(previous_plan: Path, run: PrivateRun) -> None:
 
     old_plan = load_plan(previous_plan)
     old = check_private_plan(old_plan, sequence_count(old_plan.data, old_plan.target.seq_len))
-    keys = ("dataset_size", "batch_size", "steps", "noise_multiplier", "clip", "epsilon", "delta", "accountant",
-            "init_from")
-    diff = [f"{k}: checkpoint has {getattr(old, k)}, plan has {getattr(run, k)}" for k in keys
-            if getattr(old, k) != getattr(run, k)]
+    keys = ("dataset_size", "batch_size", "steps", "noise_multiplier", "clip", "epsilon", "delta", "accountant", "init_from")
+    diff = [
+        f"{k}: checkpoint has {getattr(old, k)}, plan has {getattr(run, k)}" for k in keys if getattr(old, k) != getattr(run, k)
+    ]
     if diff:
-        raise PlanError(f"cannot resume: the checkpoint in {previous_plan.parent} was trained under other DP settings ("
-                        + "; ".join(diff) + "); its privacy spent does not carry over. Pass --restart to discard it")
+        raise PlanError(
+            f"cannot resume: the checkpoint in {previous_plan.parent} was trained under other DP settings ("
+            + "; ".join(diff)
+            + "); its privacy spent does not carry over. Pass --restart to discard it"
+        )
 
 
 # --- one Ray Train worker -----------------------------------------------------------------------
+
 
 def _seed(base: int, step: int, stream: str) -> int:
     """A 63-bit seed for one stream of one step: a pure function, so a replayed step redraws it."""
@@ -291,9 +392,16 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
     (paths.pids / f"rank{rank}").write_text(str(os.getpid()))  # lets an operator (or a test) find a worker
     register_mu_readout()
 
-    setup = training_setup(plan.model, plan.target.width, base_width=plan.base_width, hps=plan.hps,
-                           total_steps=run.steps, seed=plan.seed,
-                           extra_lr_factor=lambda s: warmup_multiplier(s, plan), rule=plan.rule)
+    setup = training_setup(
+        plan.model,
+        plan.target.width,
+        base_width=plan.base_width,
+        hps=plan.hps,
+        total_steps=run.steps,
+        seed=plan.seed,
+        extra_lr_factor=lambda s: warmup_multiplier(s, plan),
+        rule=plan.rule,
+    )
     model, opt = setup.model.to(device), setup.optimizer
     sched = setup.scheduler(opt)
     state = None
@@ -310,21 +418,34 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus' "secure RNG turned off" and hook warnings
         engine, gsm, dp_opt, _ = make_private_normalized(
-            DPDDP(model), opt, TensorDataset(seqs), batch_size=run.batch_size, noise_multiplier=run.noise_multiplier,
-            clip=run.clip, accountant=run.accountant, distributed=True)  # its loader is unused: we sample below
+            DPDDP(model),
+            opt,
+            TensorDataset(seqs),
+            batch_size=run.batch_size,
+            noise_multiplier=run.noise_multiplier,
+            clip=run.clip,
+            accountant=run.accountant,
+            distributed=True,
+        )  # its loader is unused: we sample below
     start, history, seed = 0, [], config["seed"]
     if state:
         engine.accountant.load_state_dict(state["accountant"])
         start, history, seed = state["step"], state["history"], state["seed"]
     params = dp_opt.params  # what the DP optimizer clips and noises
     shard = torch.arange(rank, run.dataset_size, world)  # this rank's examples
-    tracker = BatchedMetrics(MlflowTracker(config["tracking_uri"], config["experiment"], run_id=config["run_id"])
-                             if rank == 0 and config.get("run_id") else NullTracker(),
-                             config.get("mlflow_every") or math.ceil(run.steps / MLFLOW_WRITES))  # steps per write
+    tracker = BatchedMetrics(
+        MlflowTracker(config["tracking_uri"], config["experiment"], run_id=config["run_id"])
+        if rank == 0 and config.get("run_id")
+        else NullTracker(),
+        config.get("mlflow_every") or math.ceil(run.steps / MLFLOW_WRITES),
+    )  # steps per write
     if restored:
         tracker.set_tags({"resumed_from_step": start})
-    val = (open_corpus(plan.data).val_batches(plan.data.eval_batches, min(run.batch_size, 16), plan.target.seq_len)
-           if rank == 0 else [])
+    val = (
+        open_corpus(plan.data).val_batches(plan.data.eval_batches, min(run.batch_size, 16), plan.target.seq_len)
+        if rank == 0
+        else []
+    )
     progress = Progress(paths, run.steps, start, enabled=rank == 0)
     # The starting model's validation loss (a fine-tune is judged against where it started).
     initial_val = state.get("initial_val_loss") if state else (evaluate(model, val) if rank == 0 else None)
@@ -357,9 +478,13 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
         dist.all_reduce(stats)
         loss_total, sampled = stats.tolist()
         tokens += int(sampled) * plan.target.seq_len
-        metrics = {"step": step, "train_loss": loss_total / max(sampled, 1.0), "sampled_batch": int(sampled),
-                   "lr": plan.hps.lr * setup.lr_factor(step - 1),
-                   "tokens_per_s": tokens / max(time.perf_counter() - t0, 1e-9)}
+        metrics = {
+            "step": step,
+            "train_loss": loss_total / max(sampled, 1.0),
+            "sampled_batch": int(sampled),
+            "lr": plan.hps.lr * setup.lr_factor(step - 1),
+            "tokens_per_s": tokens / max(time.perf_counter() - t0, 1e-9),
+        }
         if math.floor(step * run.sample_rate) > math.floor((step - 1) * run.sample_rate) or step == run.steps:
             metrics["epoch"] = step * run.sample_rate  # an expected epoch ended: ε spent so far
             if rank == 0:
@@ -387,12 +512,25 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
     tracker.flush()
     eps = float(engine.get_epsilon(run.delta))  # the plan's accountant at its default precision
     hist = [(float(s), float(r), int(k)) for s, r, k in engine.accountant.history]
-    final = {**metrics, "status": status, "epsilon_spent": eps, "delta": run.delta, "target_epsilon": run.epsilon,
-             "accountant": run.accountant, "noise_multiplier": run.noise_multiplier, "sample_rate": run.sample_rate,
-             "clip": run.clip, "dataset_size": run.dataset_size, "batch_size": run.batch_size, "steps": run.steps,
-             "accounted_steps": recorded_steps(engine.accountant), "resumed_from_step": start,
-             "initial_val_loss": initial_val, "init_from": run.init_from,
-             "wall_s": time.perf_counter() - t0}
+    final = {
+        **metrics,
+        "status": status,
+        "epsilon_spent": eps,
+        "delta": run.delta,
+        "target_epsilon": run.epsilon,
+        "accountant": run.accountant,
+        "noise_multiplier": run.noise_multiplier,
+        "sample_rate": run.sample_rate,
+        "clip": run.clip,
+        "dataset_size": run.dataset_size,
+        "batch_size": run.batch_size,
+        "steps": run.steps,
+        "accounted_steps": recorded_steps(engine.accountant),
+        "resumed_from_step": start,
+        "initial_val_loss": initial_val,
+        "init_from": run.init_from,
+        "wall_s": time.perf_counter() - t0,
+    }
     if eps > run.epsilon:  # cannot happen when the driver's check passed; never report it as ok
         final["status"] = "budget_exceeded"
     if status == "ok" and final["accounted_steps"] != run.steps:
@@ -400,11 +538,22 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
     ckpt_dir, ckpt = _save(paths, final["step"], rank, model, opt, sched, engine, history, seed, initial_val)
     if rank == 0:
         sizes = [h["sampled_batch"] for h in history]
-        write_json(paths.metrics, {"final": {**final, "mean_sampled_batch": sum(sizes) / max(len(sizes), 1)},
-                                   "history": history,
-                                   "dp": {**asdict(run), "accountant_history": hist, "note": NOT_PRIVATE}})
-        save_handoff(model, paths.hf_model, spec_model=plan.model, width=plan.target.width,
-                     base_width=plan.base_width, plan_dict=plan.model_dump(mode="json"))
+        write_json(
+            paths.metrics,
+            {
+                "final": {**final, "mean_sampled_batch": sum(sizes) / max(len(sizes), 1)},
+                "history": history,
+                "dp": {**asdict(run), "accountant_history": hist, "note": NOT_PRIVATE},
+            },
+        )
+        save_handoff(
+            model,
+            paths.hf_model,
+            spec_model=plan.model,
+            width=plan.target.width,
+            base_width=plan.base_width,
+            plan_dict=plan.model_dump(mode="json"),
+        )
     progress.finish(final)
     ray.train.report(final, checkpoint=ckpt)
     if rank == 0:
@@ -415,8 +564,9 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
         raise PrivacyBudgetExceeded(f"accountant reports ε={eps:.4g} > target {run.epsilon:g}")
 
 
-def _save(paths: TrainPaths, step: int, rank: int, model, opt, sched, engine, history: list, seed: int,
-          initial_val: float | None):
+def _save(
+    paths: TrainPaths, step: int, rank: int, model, opt, sched, engine, history: list, seed: int, initial_val: float | None
+):
     """Rank 0 writes the checkpoint (the ranks hold identical states); every rank reports."""
     import ray.train
     import torch
@@ -425,8 +575,17 @@ def _save(paths: TrainPaths, step: int, rank: int, model, opt, sched, engine, hi
     if rank != 0:
         return d, None
     d.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "accountant": engine.accountant.state_dict(), "step": step, "history": history, "seed": seed,
-                "initial_val_loss": initial_val},
-               TrainPaths.dp_state(d))
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "accountant": engine.accountant.state_dict(),
+            "step": step,
+            "history": history,
+            "seed": seed,
+            "initial_val_loss": initial_val,
+        },
+        TrainPaths.dp_state(d),
+    )
     return d, ray.train.Checkpoint.from_directory(str(d))

@@ -33,8 +33,7 @@ class Progress:
         self.paths, self.total, self.start, self.enabled = paths, total, start, enabled
         self.every = max(1, total // LINES)
         self.t0 = time.time()
-        self.state: dict = {"step": start, "total": total, "status": "running", "started": self.t0,
-                            "resumed_from_step": start}
+        self.state: dict = {"step": start, "total": total, "status": "running", "started": self.t0, "resumed_from_step": start}
         if enabled and start:
             self.line(f"train: resumed from the checkpoint at step {start}/{total}")
 
@@ -56,18 +55,26 @@ class Progress:
             return
         elapsed = time.time() - self.t0
         eta = elapsed / max(1, step - self.start) * (self.total - step)
-        fields = {"step": step, "train_loss": metrics["train_loss"], "tokens_per_s": metrics["tokens_per_s"],
-                  "elapsed_s": round(elapsed, 2), "eta_s": round(eta, 2)}
+        fields = {
+            "step": step,
+            "train_loss": metrics["train_loss"],
+            "tokens_per_s": metrics["tokens_per_s"],
+            "elapsed_s": round(elapsed, 2),
+            "eta_s": round(eta, 2),
+        }
         if evaluated:
             fields.update(val_loss=metrics["val_loss"], val_step=step)
-        self.line(f"train step {step}/{self.total}  loss {metrics['train_loss']:.4f}"
-                  + (f"  val {metrics['val_loss']:.4f}" if evaluated else "")
-                  + f"  tok/s {metrics['tokens_per_s']:.0f}  ETA {duration(eta)}")
+        self.line(
+            f"train step {step}/{self.total}  loss {metrics['train_loss']:.4f}"
+            + (f"  val {metrics['val_loss']:.4f}" if evaluated else "")
+            + f"  tok/s {metrics['tokens_per_s']:.0f}  ETA {duration(eta)}"
+        )
         self._write(**fields)
 
     def checkpoint(self, step: int) -> None:
         self._write(checkpoint_step=step)
 
     def finish(self, metrics: dict) -> None:
-        self._write(step=metrics["step"], status=metrics.get("status", "ok"), eta_s=0.0,
-                    elapsed_s=round(time.time() - self.t0, 2))
+        self._write(
+            step=metrics["step"], status=metrics.get("status", "ok"), eta_s=0.0, elapsed_s=round(time.time() - self.t0, 2)
+        )

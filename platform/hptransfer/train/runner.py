@@ -13,8 +13,9 @@ if TYPE_CHECKING:
     from hptransfer.study import Study
 
 
-def run_train(study: Study, plan: TransferPlan, *, resume: bool = False, restart: bool = False, log=print,
-              mlflow_every: int | None = None) -> dict:
+def run_train(
+    study: Study, plan: TransferPlan, *, resume: bool = False, restart: bool = False, log=print, mlflow_every: int | None = None
+) -> dict:
     """Run (or, with resume=True, continue from its latest checkpoint) the large run into the
     study's train/ folder. Rank 0's progress lines are printed (`hptransfer.logs.progress`) as they
     come; MLflow gets every step's metrics, written at most every 10 s of training (every
@@ -31,40 +32,64 @@ def run_train(study: Study, plan: TransferPlan, *, resume: bool = False, restart
     logs.attach(study.paths.log_file)
     previous = paths.ray_experiment
     if previous.exists() and restart:
-        aside = study.move_aside(paths.ray_storage, paths.metrics, paths.hf_model, paths.progress,
-                                 paths.progress_log, paths.plan)
+        aside = study.move_aside(paths.ray_storage, paths.metrics, paths.hf_model, paths.progress, paths.progress_log, paths.plan)
         log(f"restart: the previous large run was moved to {aside}")
     elif previous.exists() and not resume:
-        raise PlanError(f"{paths.root} already holds a training run; pass --resume to continue it from its latest "
-                        "checkpoint, or --restart to discard it")
+        raise PlanError(
+            f"{paths.root} already holds a training run; pass --resume to continue it from its latest "
+            "checkpoint, or --restart to discard it"
+        )
     elif previous.exists() and paths.plan.is_file():
         _check_same_model(paths.plan, plan)
     gpus = plan.train.gpus_per_worker
     ds_cfg = deepspeed_config(plan, plan.train.workers, bf16=gpus > 0)  # fail here, before any worker starts
     tracker = study.tracker(f"{plan.study}-train", kind="train", tags={"rule": plan.rule})
-    tracker.log_params({"width": plan.target.width, "steps": plan.target.steps, "batch_size": plan.target.batch_size,
-                        "rule": plan.rule, "parametrization": plan.model.parametrization, "family": plan.model.family,
-                        "depth": plan.model.depth, "workers": plan.train.workers, "zero_stage": plan.train.zero_stage,
-                        **{f"hp.{k}": v for k, v in plan.hps.as_dict().items()}})
+    tracker.log_params(
+        {
+            "width": plan.target.width,
+            "steps": plan.target.steps,
+            "batch_size": plan.target.batch_size,
+            "rule": plan.rule,
+            "parametrization": plan.model.parametrization,
+            "family": plan.model.family,
+            "depth": plan.model.depth,
+            "workers": plan.train.workers,
+            "zero_stage": plan.train.zero_stage,
+            **{f"hp.{k}": v for k, v in plan.hps.as_dict().items()},
+        }
+    )
     write_json(paths.deepspeed_config, ds_cfg)
     save_plan(plan, paths.plan)  # the plan this run trains (a resume checks it)
-    log(f"train: width {plan.target.width}, {plan.target.steps} steps, global batch {plan.target.batch_size}, "
-        f"{plan.train.workers} workers, ZeRO-{plan.train.zero_stage}, lr {plan.hps.lr:.4g}")
+    log(
+        f"train: width {plan.target.width}, {plan.target.steps} steps, global batch {plan.target.batch_size}, "
+        f"{plan.train.workers} workers, ZeRO-{plan.train.zero_stage}, lr {plan.hps.lr:.4g}"
+    )
     with study.ray_session():
         trainer = TorchTrainer(
             train_loop_per_worker,
-            train_loop_config={"plan": plan.model_dump(mode="json"), "out_dir": str(paths.root),
-                               "tracking_uri": study.tracking_uri, "experiment": study.experiment,
-                               "run_id": tracker.run_id, "bf16": gpus > 0, "mlflow_every": mlflow_every},
-            scaling_config=ScalingConfig(num_workers=plan.train.workers, use_gpu=gpus > 0,
-                                         resources_per_worker={"CPU": plan.train.cpus_per_worker,
-                                                               **({"GPU": gpus} if gpus else {})}),
+            train_loop_config={
+                "plan": plan.model_dump(mode="json"),
+                "out_dir": str(paths.root),
+                "tracking_uri": study.tracking_uri,
+                "experiment": study.experiment,
+                "run_id": tracker.run_id,
+                "bf16": gpus > 0,
+                "mlflow_every": mlflow_every,
+            },
+            scaling_config=ScalingConfig(
+                num_workers=plan.train.workers,
+                use_gpu=gpus > 0,
+                resources_per_worker={"CPU": plan.train.cpus_per_worker, **({"GPU": gpus} if gpus else {})},
+            ),
             torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
             # Same name + storage path: Ray Train restores its checkpoint manager and hands the
             # loop the latest checkpoint (get_checkpoint) — both after a worker dies and on --resume.
-            run_config=RunConfig(name=TRAIN_EXPERIMENT, storage_path=str(paths.ray_storage),
-                                 failure_config=FailureConfig(max_failures=plan.train.max_failures),
-                                 checkpoint_config=CheckpointConfig(num_to_keep=plan.train.keep_checkpoints)),
+            run_config=RunConfig(
+                name=TRAIN_EXPERIMENT,
+                storage_path=str(paths.ray_storage),
+                failure_config=FailureConfig(max_failures=plan.train.max_failures),
+                checkpoint_config=CheckpointConfig(num_to_keep=plan.train.keep_checkpoints),
+            ),
         )
         try:
             with logs.follow(paths.progress_log):
@@ -88,9 +113,15 @@ def _check_same_model(previous_plan, plan: TransferPlan) -> None:
     from hptransfer.plan import load_plan
 
     old = load_plan(previous_plan)
-    keys = {"model": (old.model.model_dump(), plan.model.model_dump()),
-            "target.width": (old.target.width, plan.target.width), "base_width": (old.base_width, plan.base_width)}
+    keys = {
+        "model": (old.model.model_dump(), plan.model.model_dump()),
+        "target.width": (old.target.width, plan.target.width),
+        "base_width": (old.base_width, plan.base_width),
+    }
     diff = [f"{k}: checkpoint has {a}, plan has {b}" for k, (a, b) in keys.items() if a != b]
     if diff:
-        raise PlanError(f"cannot resume: the checkpoint in {previous_plan.parent} is of another model ("
-                        + "; ".join(diff) + "); pass --restart to discard it, or another --study-dir")
+        raise PlanError(
+            f"cannot resume: the checkpoint in {previous_plan.parent} is of another model ("
+            + "; ".join(diff)
+            + "); pass --restart to discard it, or another --study-dir"
+        )

@@ -48,8 +48,9 @@ def print_plan(plan, path: Path | None = None) -> None:
         t.add_row(str(w), _g(best), *cells, trials, "[yellow]" + "; ".join(flags) + "[/]" if flags else "")
     console.print(t)
 
-    s = Table(title=f"target width {plan.target.width}, {plan.target.steps} steps, batch {plan.target.batch_size}",
-              show_header=False)
+    s = Table(
+        title=f"target width {plan.target.width}, {plan.target.steps} steps, batch {plan.target.batch_size}", show_header=False
+    )
     s.add_column("", style="bold")
     s.add_column("")
     for k, v in plan.hyperparameters.items():
@@ -61,12 +62,22 @@ def print_plan(plan, path: Path | None = None) -> None:
     if lf:
         s.add_row("loss law", f"φ*_n = {lf['phi_inf']:.4g} + {lf['A']:.3g}·n^−{lf['alpha']:.3g}")
     if dr:
-        s.add_row("optimum drift", "none across the ladder" if dr["drift"] == "none" else
-                  (f"|Δlog {d['primary']}*| = {dr['B']:.3g}·n^−{dr['beta']:.3g}" if dr.get("beta") is not None
-                   else f"unknown ({dr.get('why', '')})"))
+        s.add_row(
+            "optimum drift",
+            "none across the ladder"
+            if dr["drift"] == "none"
+            else (
+                f"|Δlog {d['primary']}*| = {dr['B']:.3g}·n^−{dr['beta']:.3g}"
+                if dr.get("beta") is not None
+                else f"unknown ({dr.get('why', '')})"
+            ),
+        )
     fast = d.get("fast_transfer")
-    s.add_row("fast transfer (β > α/2)", {True: "[green]yes[/]", False: "[red]no[/]", None: "not judged"}.get(fast, "[yellow]undecided[/]")
-              + (f"  ({d['fast_transfer_test']})" if d.get("fast_transfer_test") else ""))
+    s.add_row(
+        "fast transfer (β > α/2)",
+        {True: "[green]yes[/]", False: "[red]no[/]", None: "not judged"}.get(fast, "[yellow]undecided[/]")
+        + (f"  ({d['fast_transfer_test']})" if d.get("fast_transfer_test") else ""),
+    )
     s.add_row("predicted transfer penalty", _g(d.get("predicted_penalty")) + " (loss)")
     s.add_row("predicted target loss", _g(d.get("predicted_target_loss")))
     for name in ("deepseek", "step_law"):
@@ -76,7 +87,10 @@ def print_plan(plan, path: Path | None = None) -> None:
     for h in plan.heuristics:
         s.add_row("heuristic", f"{h['name']}: {h['applies_to']} × {h['factor']:.4g} ({h['why']})")
     if plan.schedule and plan.schedule.get("kind") == "sp-warmup":
-        s.add_row("multiplicative warmup", f"{plan.schedule['kind']}: m={plan.schedule['m']:.4g}, timescale={plan.schedule['timescale']:.4g} steps")
+        s.add_row(
+            "multiplicative warmup",
+            f"{plan.schedule['kind']}: m={plan.schedule['m']:.4g}, timescale={plan.schedule['timescale']:.4g} steps",
+        )
     console.print(s)
     for n in d.get("notes", []):
         console.print(f"[dim]note:[/] {escape(str(n))}")
@@ -88,21 +102,33 @@ def print_plan(plan, path: Path | None = None) -> None:
 
 @user_errors
 def transfer(
-    study_dir: Optional[Path] = typer.Option(None, "--study-dir", help="Study folder: reads spec.yaml and sweep_results.csv, writes transfer_plan.yaml."),
-    results: Optional[Path] = typer.Option(None, "--results", help="Standalone: a results table (.csv or .parquet) from any tool; columns width, val_loss, status, seed and one per tuned hyperparameter."),
+    study_dir: Optional[Path] = typer.Option(
+        None, "--study-dir", help="Study folder: reads spec.yaml and sweep_results.csv, writes transfer_plan.yaml."
+    ),
+    results: Optional[Path] = typer.Option(
+        None,
+        "--results",
+        help="Standalone: a results table (.csv or .parquet) from any tool; columns width, val_loss, status, seed and one per tuned hyperparameter.",
+    ),
     rule: Optional[str] = typer.Option(None, "--rule", help=f"Standalone: the transfer rule, one of {sorted(RULE_NAMES)}."),
     target_width: Optional[int] = typer.Option(None, "--target-width", help="Standalone: width of the large model."),
-    base_width: Optional[int] = typer.Option(None, "--base-width", help="µP base width. Default: the narrowest width in the table."),
+    base_width: Optional[int] = typer.Option(
+        None, "--base-width", help="µP base width. Default: the narrowest width in the table."
+    ),
     proxy_steps: int = typer.Option(100, "--proxy-steps", help="Standalone: steps each sweep trial ran."),
     proxy_batch_size: int = typer.Option(16, "--proxy-batch-size", help="Standalone: batch (sequences) of each sweep trial."),
     target_steps: Optional[int] = typer.Option(None, "--target-steps", help="Steps of the large run. Default: --proxy-steps."),
-    target_batch_size: Optional[int] = typer.Option(None, "--target-batch-size", help="Batch of the large run. Default: --proxy-batch-size."),
+    target_batch_size: Optional[int] = typer.Option(
+        None, "--target-batch-size", help="Batch of the large run. Default: --proxy-batch-size."
+    ),
     family: str = typer.Option("llama", "--family", help="Model family: llama or mlp."),
     depth: int = typer.Option(2, "--depth", help="Transformer blocks / hidden layers."),
     head_dim: int = typer.Option(16, "--head-dim", help="llama head size; widths must be multiples of it."),
     seq_len: int = typer.Option(64, "--seq-len", help="Context length."),
     parametrization: str = typer.Option("mup", "--parametrization", help="mup or sp."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Plan file to write. Default: transfer_plan.yaml (in --study-dir when given)."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="Plan file to write. Default: transfer_plan.yaml (in --study-dir when given)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="Do not print the diagnostics table."),
 ) -> None:
     """Map the sweep's best hyperparameters to the target width; print the diagnostics; write the plan."""
@@ -127,12 +153,24 @@ def transfer(
         if rule not in RULE_NAMES:
             fail(f"--rule {rule!r} is unknown; choose one of {sorted(RULE_NAMES)}")
         table = read_results(results)
-        spec = standalone_spec(table, rule=rule, target_width=target_width, base_width=base_width,
-                               proxy_steps=proxy_steps, proxy_batch_size=proxy_batch_size,
-                               target_steps=target_steps, target_batch_size=target_batch_size,
-                               model={"family": family, "depth": depth, "head_dim": head_dim,
-                                      "seq_len": seq_len, "parametrization": parametrization},
-                               source=str(results))
+        spec = standalone_spec(
+            table,
+            rule=rule,
+            target_width=target_width,
+            base_width=base_width,
+            proxy_steps=proxy_steps,
+            proxy_batch_size=proxy_batch_size,
+            target_steps=target_steps,
+            target_batch_size=target_batch_size,
+            model={
+                "family": family,
+                "depth": depth,
+                "head_dim": head_dim,
+                "seq_len": seq_len,
+                "parametrization": parametrization,
+            },
+            source=str(results),
+        )
         plan = make_plan(spec, table, {"results_file": str(results), "results_file_hash": file_hash(results)})
         path = save_plan(plan, out or Path(Study(None, ".", name=plan.study).paths.plan.name))
     if not quiet:
@@ -143,11 +181,13 @@ def transfer(
 def export(
     plan: Path = typer.Argument(..., help="A transfer_plan.yaml."),
     to: str = typer.Option(..., "--to", help="deepspeed | hf | torchtitan"),
-    out: Optional[Path] = typer.Option(None, "--out", help="File to write. Default: beside the plan, e.g. transfer_plan.deepspeed.json."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="File to write. Default: beside the plan, e.g. transfer_plan.deepspeed.json."
+    ),
 ) -> None:
     """Write the plan as a DeepSpeed config, HF TrainingArguments JSON or torchtitan TOML (validated first)."""
-    from hptransfer.transfer.exports import FORMATS, caveats, default_out, export_plan
     from hptransfer.plan import load_plan
+    from hptransfer.transfer.exports import FORMATS, caveats, default_out, export_plan
 
     if to not in FORMATS:
         fail(f"--to {to!r} is unknown; choose one of {list(FORMATS)}")

@@ -87,8 +87,17 @@ def fit_log_linear(widths, y, se=None) -> LogLinearFit:
     s2 = float((w * resid**2).sum() / dof)
     scale = max(1.0, s2) if weighted else s2
     cov = scale * np.linalg.inv((X * w[:, None]).T @ X)
-    return LogLinearFit(float(coef[0]), float(coef[1]), float(math.sqrt(cov[1, 1])),
-                        float(math.sqrt(cov[0, 0])), float(cov[0, 1]), len(n), dof, scale, weighted)
+    return LogLinearFit(
+        float(coef[0]),
+        float(coef[1]),
+        float(math.sqrt(cov[1, 1])),
+        float(math.sqrt(cov[0, 0])),
+        float(cov[0, 1]),
+        len(n),
+        dof,
+        scale,
+        weighted,
+    )
 
 
 def interval_quantile(fit: LogLinearFit, level: float = LEVEL) -> float:
@@ -109,7 +118,7 @@ def _power_design(widths: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray, np
     """For each p on _P_GRID: the design [1, n^−p] (P, k, 2), its pseudo-inverse (P, 2, k) and the
     residual maker I − H_p (P, k, k). Cached: calibration refits the same widths thousands of times."""
     n = np.asarray(widths, float)
-    X = np.stack([np.column_stack([np.ones_like(n), n ** -p]) for p in _P_GRID])
+    X = np.stack([np.column_stack([np.ones_like(n), n**-p]) for p in _P_GRID])
     pinv = np.linalg.pinv(X)
     return X, pinv, np.eye(len(n)) - X @ pinv
 
@@ -129,7 +138,7 @@ def _profile_power(n: np.ndarray, y: np.ndarray) -> tuple[float, float, float, f
     from scipy.optimize import minimize_scalar  # scipy costs ~1 s to import: only when fitting
 
     def solve(p: float):
-        X = np.column_stack([np.ones_like(n), n ** -p])
+        X = np.column_stack([np.ones_like(n), n**-p])
         coef, *_ = np.linalg.lstsq(X, y, rcond=None)
         return coef, float(((X @ coef - y) ** 2).sum())
 
@@ -151,8 +160,15 @@ def fit_loss_vs_width(widths, losses) -> dict | None:
     phi_inf, A, alpha, sse = _profile_power(n, L)
     if A <= 0:
         return None
-    return {"phi_inf": phi_inf, "A": A, "alpha": alpha, "rmse": math.sqrt(sse / len(n)),
-            "n_widths": len(n), "exact": len(n) == 3, "at_bound": _at_bound(alpha)}
+    return {
+        "phi_inf": phi_inf,
+        "A": A,
+        "alpha": alpha,
+        "rmse": math.sqrt(sse / len(n)),
+        "n_widths": len(n),
+        "exact": len(n) == 3,
+        "at_bound": _at_bound(alpha),
+    }
 
 
 def _at_bound(p: float) -> bool:
@@ -177,13 +193,26 @@ def fit_drift(widths, log_opt, se=None) -> dict:
         xbar = float((w * x).sum() / w.sum())
         stat = float((w * (x - xbar) ** 2).sum())
         if stat <= chi2.ppf(0.95, len(x) - 1):
-            return {"drift": "none", "B": 0.0, "beta": None, "x_inf": xbar,
-                    "why": f"a constant fits the optima within their errors (chi2={stat:.3g})"}
+            return {
+                "drift": "none",
+                "B": 0.0,
+                "beta": None,
+                "x_inf": xbar,
+                "why": f"a constant fits the optima within their errors (chi2={stat:.3g})",
+            }
     if len(n) < 3:
         return {"drift": "unknown", "B": None, "beta": None, "why": "fewer than 3 widths"}
     x_inf, K, beta, sse = _profile_power(n, x)
-    return {"drift": "fitted", "B": abs(K), "beta": beta, "x_inf": x_inf, "value_at_infinity": math.exp(min(x_inf, 700.0)),
-            "rmse": math.sqrt(sse / len(n)), "exact": len(n) == 3, "at_bound": _at_bound(beta)}
+    return {
+        "drift": "fitted",
+        "B": abs(K),
+        "beta": beta,
+        "x_inf": x_inf,
+        "value_at_infinity": math.exp(min(x_inf, 700.0)),
+        "rmse": math.sqrt(sse / len(n)),
+        "exact": len(n) == 3,
+        "at_bound": _at_bound(beta),
+    }
 
 
 def drift_verdict(widths, x, se, tolerance: float = DRIFT_TOLERANCE, level: float = LEVEL) -> dict:
@@ -194,11 +223,20 @@ def drift_verdict(widths, x, se, tolerance: float = DRIFT_TOLERANCE, level: floa
       "undecided" otherwise, or with fewer than MIN_WIDTHS widths.
     The linear slope is the test, not paper 2's β: under no drift β is not identified at all, and
     a decaying drift still has a slope of one sign over the ladder."""
-    out = {"verdict": "undecided", "slope": None, "slope_se": None, "slope_ci": None, "tolerance": tolerance,
-           "n_widths": len(widths)}
+    out = {
+        "verdict": "undecided",
+        "slope": None,
+        "slope_se": None,
+        "slope_ci": None,
+        "tolerance": tolerance,
+        "n_widths": len(widths),
+    }
     if len(widths) < MIN_WIDTHS:
-        return {**out, "reason": f"{len(widths)} widths with an uncensored optimum; a drift verdict needs "
-                                 f"{MIN_WIDTHS} (one residual degree of freedom beyond a 3-parameter law)"}
+        return {
+            **out,
+            "reason": f"{len(widths)} widths with an uncensored optimum; a drift verdict needs "
+            f"{MIN_WIDTHS} (one residual degree of freedom beyond a 3-parameter law)",
+        }
     f = fit_log_linear(widths, x, se)
     q = interval_quantile(f, level)
     lo, hi = f.b - q * f.b_se, f.b + q * f.b_se
@@ -211,8 +249,9 @@ def drift_verdict(widths, x, se, tolerance: float = DRIFT_TOLERANCE, level: floa
     return {**out, "reason": f"{ci} contains 0 and reaches beyond ±{tolerance:g}: add seeds or widths"}
 
 
-def fast_transfer_verdict(widths, x, x_se, best_loss, loss_se, drift: dict, n_boot: int = 400,
-                          seed: int = 0, level: float = LEVEL) -> dict:
+def fast_transfer_verdict(
+    widths, x, x_se, best_loss, loss_se, drift: dict, n_boot: int = 400, seed: int = 0, level: float = LEVEL
+) -> dict:
     """Paper 2's test β > α/2, decided on an interval, over uncensored widths.
 
     - drift "none": True — the optimum is flat within tolerance over the ladder, so b_n ≈ 0 (β
@@ -223,8 +262,11 @@ def fast_transfer_verdict(widths, x, x_se, best_loss, loss_se, drift: dict, n_bo
       interval is above 0, False when below, else undecided."""
     out = {"fast": "undecided", "interval": None}
     if len(widths) < MIN_WIDTHS:
-        return {**out, "reason": f"{len(widths)} widths with an uncensored optimum: a 3-parameter law on "
-                                 f"fewer than {MIN_WIDTHS} widths interpolates and cannot decide β > α/2"}
+        return {
+            **out,
+            "reason": f"{len(widths)} widths with an uncensored optimum: a 3-parameter law on "
+            f"fewer than {MIN_WIDTHS} widths interpolates and cannot decide β > α/2",
+        }
     if drift["verdict"] == "none":
         return {**out, "fast": True, "reason": f"no material drift of the optimum ({drift['reason']}): β effectively infinite"}
     if drift["verdict"] != "drift":
@@ -257,8 +299,15 @@ class Penalty(NamedTuple):
     curvature: float
 
 
-def predicted_penalty(fit: OptimumFit, rule_value: float, *, log_scale: bool = True, estimate: float | None = None,
-                      estimate_se: float | None = None, level: float = LEVEL) -> Penalty | None:
+def predicted_penalty(
+    fit: OptimumFit,
+    rule_value: float,
+    *,
+    log_scale: bool = True,
+    estimate: float | None = None,
+    estimate_se: float | None = None,
+    level: float = LEVEL,
+) -> Penalty | None:
     """Expected loss increase of training at `rule_value` instead of the target's unknown optimum x*.
 
     Near the optimum loss ≈ φ* + κ·(x − x*)² (optimum.py; paper 2: c_n = Θ(b_n²)). With our estimate
@@ -285,7 +334,7 @@ def predicted_penalty(fit: OptimumFit, rule_value: float, *, log_scale: bool = T
         return Penalty(mean, k_lo * bias**2, k_hi * bias**2, bias, 0.0, k)
     ps = [(1 - level) / 2, (1 + level) / 2]
     lam = bias**2 / se**2
-    q_lo, q_hi = (chi2.ppf(ps, 1) if lam < 1e-12 else ncx2.ppf(ps, 1, lam))
+    q_lo, q_hi = chi2.ppf(ps, 1) if lam < 1e-12 else ncx2.ppf(ps, 1, lam)
     return Penalty(mean, float(k_lo * se**2 * q_lo), float(k_hi * se**2 * q_hi), bias, se, k)
 
 
@@ -297,9 +346,18 @@ def _x(f: OptimumFit, log_scale: bool) -> float:
     return math.log(f.value) if log_scale else f.value
 
 
-def diagnose(fits: dict[int, dict[str, OptimumFit]], tuned: list[str], log_scale: set[str], rule: str,
-             parametrization: str, source_width: int, target_width: int,
-             transferred: dict[str, float] | None = None, n_boot: int = 400, seed: int = 0) -> dict:
+def diagnose(
+    fits: dict[int, dict[str, OptimumFit]],
+    tuned: list[str],
+    log_scale: set[str],
+    rule: str,
+    parametrization: str,
+    source_width: int,
+    target_width: int,
+    transferred: dict[str, float] | None = None,
+    n_boot: int = 400,
+    seed: int = 0,
+) -> dict:
     """Everything a user needs to judge the plan: fits, the verdicts, the predicted penalty, warnings.
 
     transferred: the rule's value for each hyperparameter at the target width before any batch/steps
@@ -320,8 +378,9 @@ def diagnose(fits: dict[int, dict[str, OptimumFit]], tuned: list[str], log_scale
     loss_fit = fit_loss_vs_width(widths, [best[w] for w in widths])
     out["loss_fit"] = loss_fit
     if len(widths) >= 3 and loss_fit is None:
-        warnings.append(f"best loss does not fall with width ({best}); the ladder "
-                        "may be too short-trained or too noisy to judge transfer")
+        warnings.append(
+            f"best loss does not fall with width ({best}); the ladder may be too short-trained or too noisy to judge transfer"
+        )
 
     trend = {}
     for h in tuned:
@@ -340,8 +399,16 @@ def diagnose(fits: dict[int, dict[str, OptimumFit]], tuned: list[str], log_scale
     verdict = drift_verdict(usable, [xs[w] for w in usable], [ses[w] for w in usable])
     out["drift_verdict"] = verdict
 
-    fast = fast_transfer_verdict(usable, [xs[w] for w in usable], [ses[w] for w in usable], [best[w] for w in usable],
-                                 [fits[w][hp].loss_se or 0.0 for w in usable], verdict, n_boot=n_boot, seed=seed)
+    fast = fast_transfer_verdict(
+        usable,
+        [xs[w] for w in usable],
+        [ses[w] for w in usable],
+        [best[w] for w in usable],
+        [fits[w][hp].loss_se or 0.0 for w in usable],
+        verdict,
+        n_boot=n_boot,
+        seed=seed,
+    )
     out["fast_transfer"] = fast["fast"]
     out["fast_transfer_reason"] = fast["reason"]
     out["fast_transfer_interval"] = fast["interval"]
@@ -363,7 +430,8 @@ def diagnose(fits: dict[int, dict[str, OptimumFit]], tuned: list[str], log_scale
         out["loss_gap_at_source"] = loss_fit["A"] * source_width ** -loss_fit["alpha"]
         out["predicted_target_loss"] = loss_fit["phi_inf"] + loss_fit["A"] * target_width ** -loss_fit["alpha"]
         out["predicted_target_loss_interval"] = _target_loss_interval(
-            widths, [best[w] for w in widths], [fits[w][hp] for w in widths], target_width, seed=seed)
+            widths, [best[w] for w in widths], [fits[w][hp] for w in widths], target_width, seed=seed
+        )
     out["ladder_best_loss"] = min(best.values()) if best else None
 
     out["warnings"] = warnings + _warnings(fits, widths, hp, rule, verdict, fast, trend)
@@ -377,7 +445,7 @@ def _target_loss_interval(widths, losses, fits, target_width: int, n_boot: int =
     refits that still fall with width. None when under half of them do."""
     rng = np.random.default_rng(seed)
     L = np.asarray(losses, float)
-    se = np.array([max(f.loss_se or 0.0, 0.005 * abs(l)) for f, l in zip(fits, L)])
+    se = np.array([max(f.loss_se or 0.0, 0.005 * abs(loss)) for f, loss in zip(fits, L)])
     preds = []
     for _ in range(n_boot):
         fit = fit_loss_vs_width(widths, L + rng.normal(0, se))
@@ -404,15 +472,19 @@ def check_target(diagnostics: dict, measured: float | None) -> dict:
             verdict = "worse than predicted"
             msgs.append(f"target val loss {measured:.4g} is above the predicted interval [{lo:.4g}, {hi:.4g}]")
         else:
-            msgs.append(f"target val loss {measured:.4g} {'inside' if measured >= lo else 'below'} the predicted "
-                        f"interval [{lo:.4g}, {hi:.4g}]")
+            msgs.append(
+                f"target val loss {measured:.4g} {'inside' if measured >= lo else 'below'} the predicted "
+                f"interval [{lo:.4g}, {hi:.4g}]"
+            )
     else:
         msgs.append("no predicted interval (needs ≥ 3 widths whose best loss falls with width)")
     if ladder is not None and measured > ladder:
         verdict = "worse than the ladder" if verdict == "ok" else verdict
-        msgs.append(f"target val loss {measured:.4g} is WORSE than the ladder's best {ladder:.4g}: a wider model "
-                    "should not lose at the same horizon and hyperparameters (a short horizon, noise, or a transfer "
-                    "that did not hold — compare seeds before trusting the plan)")
+        msgs.append(
+            f"target val loss {measured:.4g} is WORSE than the ladder's best {ladder:.4g}: a wider model "
+            "should not lose at the same horizon and hyperparameters (a short horizon, noise, or a transfer "
+            "that did not hold — compare seeds before trusting the plan)"
+        )
     return {"verdict": verdict, "messages": msgs}
 
 
@@ -425,8 +497,9 @@ def _curvature_fit(fits: dict[int, dict[str, OptimumFit]], hp: str) -> OptimumFi
     return fits[curved[-1]][hp] if curved else None
 
 
-def penalty_at_target(fits: dict[int, dict[str, OptimumFit]], hp: str, log_scale: bool, verdict: dict,
-                      target_width: int, rule_value: float | None) -> dict:
+def penalty_at_target(
+    fits: dict[int, dict[str, OptimumFit]], hp: str, log_scale: bool, verdict: dict, target_width: int, rule_value: float | None
+) -> dict:
     """Price a rule's value for `hp` at the target: its estimated optimum x̂ ± se, then
     predicted_penalty against it. x̂ by the drift verdict (drift_verdict's dict):
       "none" → the weighted mean of the uncensored optima (the slope is immaterial: pooling is the
@@ -457,10 +530,15 @@ def penalty_at_target(fits: dict[int, dict[str, OptimumFit]], hp: str, log_scale
     else:
         est, se = _x(widest, log_scale), widest.log_se or 0.0
         basis = f"widest width {max(fits)} alone ({len(usable)} uncensored widths)"
-    p = predicted_penalty(kfit, rule_value, log_scale=log_scale, estimate=math.exp(est) if log_scale else est,
-                          estimate_se=se)
-    return {**out, "predicted_penalty": p.mean, "predicted_penalty_interval": [p.lo, p.hi],
-            "predicted_penalty_basis": basis, "predicted_penalty_bias": p.bias, "predicted_penalty_se": p.se}
+    p = predicted_penalty(kfit, rule_value, log_scale=log_scale, estimate=math.exp(est) if log_scale else est, estimate_se=se)
+    return {
+        **out,
+        "predicted_penalty": p.mean,
+        "predicted_penalty_interval": [p.lo, p.hi],
+        "predicted_penalty_basis": basis,
+        "predicted_penalty_bias": p.bias,
+        "predicted_penalty_se": p.se,
+    }
 
 
 def _warnings(fits, widths, hp, rule, verdict, fast, trend) -> list[str]:
@@ -469,31 +547,43 @@ def _warnings(fits, widths, hp, rule, verdict, fast, trend) -> list[str]:
     for w in widths:
         for h, f in fits[w].items():
             if f.on_edge:
-                warnings.append(f"width {w}: best {h}={f.value:g} is on the grid edge; extend sweep.grid.{h} "
-                                "(the optimum is a bound, left out of the trend fits)")
+                warnings.append(
+                    f"width {w}: best {h}={f.value:g} is on the grid edge; extend sweep.grid.{h} "
+                    "(the optimum is a bound, left out of the trend fits)"
+                )
             elif not f.convex:
-                warnings.append(f"width {w}: loss against {h} is not convex around the best point "
-                                f"{f.best_grid_value:g} (noise or a coarse grid); add seeds or grid points")
+                warnings.append(
+                    f"width {w}: loss against {h} is not convex around the best point "
+                    f"{f.best_grid_value:g} (noise or a coarse grid); add seeds or grid points"
+                )
             if f.capped_by_divergence:
-                warnings.append(f"width {w}: the {h} value above the best one diverged; {h}*={f.value:g} "
-                                "sits near the stability edge (a bound, left out of the trend fits), "
-                                "the target may be close to diverging")
+                warnings.append(
+                    f"width {w}: the {h} value above the best one diverged; {h}*={f.value:g} "
+                    "sits near the stability edge (a bound, left out of the trend fits), "
+                    "the target may be close to diverging"
+                )
     if len(widths) < 3:
-        warnings.append(f"only {len(widths)} widths with results; {MIN_WIDTHS} or more are needed to judge drift "
-                        "(fast-transfer test skipped)")
+        warnings.append(
+            f"only {len(widths)} widths with results; {MIN_WIDTHS} or more are needed to judge drift (fast-transfer test skipped)"
+        )
     if fast["fast"] == "undecided":
         warnings.append(f"fast-transfer test undecided: {fast['reason']}; add a wider width or seeds")
     if verdict["verdict"] == "drift" and fast["fast"] is True:
         if rule == "power-law":
-            warnings.append(f"the optimum of {hp} drifts over the ladder but settles fast ({fast['reason']}); "
-                            "a power law extrapolates the drift past where it stops: consider rule `mup`")
+            warnings.append(
+                f"the optimum of {hp} drifts over the ladder but settles fast ({fast['reason']}); "
+                "a power law extrapolates the drift past where it stops: consider rule `mup`"
+            )
     elif verdict["verdict"] == "drift" or fast["fast"] is False:
         t = trend.get(hp, {})
         slope = f"slope {t['slope']:+.3g} per log width" if t.get("slope") is not None else "slope unknown"
         if rule in MUP_RULES:
-            warnings.append(f"the optimum of {hp} drifts with width ({slope}"
-                            + (", transfer not fast" if fast["fast"] is False else "") + f") under rule `{rule}`; "
-                            "use rule `power-law` or extend the ladder to wider models")
+            warnings.append(
+                f"the optimum of {hp} drifts with width ({slope}"
+                + (", transfer not fast" if fast["fast"] is False else "")
+                + f") under rule `{rule}`; "
+                "use rule `power-law` or extend the ladder to wider models"
+            )
     elif verdict["verdict"] == "undecided" and len(widths) >= 3:
         warnings.append(f"cannot tell whether the optimum of {hp} drifts with width: {verdict['reason']}")
     return warnings

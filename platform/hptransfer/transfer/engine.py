@@ -41,9 +41,11 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
     missing = [c for c in ("width", "val_loss", "status", *tuned) if c not in df.columns]
     if missing:
         have = ", ".join(map(str, df.columns))
-        problems.append(f"missing column(s) {missing}; the table has [{have}]. Rename your columns: "
-                        "`width`, `val_loss`, `status` and one per tuned hyperparameter "
-                        f"(one of {sorted(TUNABLE)})")
+        problems.append(
+            f"missing column(s) {missing}; the table has [{have}]. Rename your columns: "
+            "`width`, `val_loss`, `status` and one per tuned hyperparameter "
+            f"(one of {sorted(TUNABLE)})"
+        )
         raise ResultsError(source, problems)
     if df.empty:
         raise ResultsError(source, ["the table has no rows; run the sweep first"])
@@ -54,21 +56,26 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
     seed = pd.to_numeric(df["seed"], errors="coerce")
     bad = df.loc[~np.isfinite(seed) | (seed != seed.round()) | (seed < 0) | (seed > MAX_SEED), "seed"]
     if len(bad):
-        problems.append(f"column `seed` must hold integers 0..{MAX_SEED} (one per trial; drop the column for one "
-                        f"seed), got {bad.unique()[:5].tolist()}")
+        problems.append(
+            f"column `seed` must hold integers 0..{MAX_SEED} (one per trial; drop the column for one "
+            f"seed), got {bad.unique()[:5].tolist()}"
+        )
     df["status"] = df["status"].astype(str).str.strip().str.lower()
     unknown = sorted(set(df["status"]) - STATUSES)
     if unknown:
         problems.append(f"column `status` has unknown value(s) {unknown}; allowed: {sorted(STATUSES)}")
     loss = pd.to_numeric(df["val_loss"], errors="coerce")
     if loss.isna().sum() > df["val_loss"].isna().sum():
-        problems.append("column `val_loss` has non-numeric entries; use a number, or leave it empty (NaN) "
-                        "when the trial was not ok")
+        problems.append(
+            "column `val_loss` has non-numeric entries; use a number, or leave it empty (NaN) when the trial was not ok"
+        )
     for hp in tuned:
         v = pd.to_numeric(df[hp], errors="coerce")
         if v.isna().any():
-            problems.append(f"column `{hp}` has empty or non-numeric entries in {int(v.isna().sum())} row(s); "
-                            "every trial needs its hyperparameter value")
+            problems.append(
+                f"column `{hp}` has empty or non-numeric entries in {int(v.isna().sum())} row(s); "
+                "every trial needs its hyperparameter value"
+            )
         elif hp in LOG_SCALE and (v <= 0).any():
             problems.append(f"column `{hp}` must be > 0 (fitted on a log scale), got {sorted(v[v <= 0].unique())[:5]}")
     for hp in tuned:
@@ -85,11 +92,15 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
     df.loc[(df["status"] == "ok") & ~np.isfinite(df["val_loss"]), "status"] = "diverged"
     good = df[(df["status"] == "ok") & np.isfinite(df["val_loss"])]
     if good.empty:
-        problems.append(f"no trial has status ok and a finite val_loss (statuses: "
-                        f"{df['status'].value_counts().to_dict()}); fix the sweep (lower the LR grid) and rerun")
+        problems.append(
+            f"no trial has status ok and a finite val_loss (statuses: "
+            f"{df['status'].value_counts().to_dict()}); fix the sweep (lower the LR grid) and rerun"
+        )
     elif good["width"].nunique() < 2:
-        problems.append(f"only one width ({good['width'].unique().tolist()}) has a finite loss; transfer needs "
-                        "a trend: sweep at least 2 widths (3+ to judge drift)")
+        problems.append(
+            f"only one width ({good['width'].unique().tolist()}) has a finite loss; transfer needs "
+            "a trend: sweep at least 2 widths (3+ to judge drift)"
+        )
     if problems:
         raise ResultsError(source, problems)
     return df
@@ -102,8 +113,10 @@ def check_results_belong(results: pd.DataFrame, spec: StudySpec, sweep_hash: str
     if "spec_hash" in results.columns and sweep_hash is not None:
         found = sorted({str(h) for h in results["spec_hash"].dropna().unique()} - {sweep_hash})
         if found:
-            problems.append(f"the table comes from another sweep (spec_hash {found}, this spec's is {sweep_hash}); rerun "
-                            "`hpt sweep` with this spec (add --restart to replace the old results) or restore the old spec")
+            problems.append(
+                f"the table comes from another sweep (spec_hash {found}, this spec's is {sweep_hash}); rerun "
+                "`hpt sweep` with this spec (add --restart to replace the old results) or restore the old spec"
+            )
     # (a missing or non-numeric `width` column is check_results' to report, with the other problems)
     widths = pd.to_numeric(results["width"], errors="coerce") if "width" in results.columns else pd.Series(dtype=float)
     extra = sorted({int(w) for w in widths[np.isfinite(widths)].unique()} - set(spec.sweep.widths))
@@ -146,8 +159,12 @@ def optima_by_width(results: pd.DataFrame, tuned: list[str]) -> dict[int, dict[s
             for other in tuned:
                 if other != hp:
                     sel = sel[np.isclose(sel[other], best_row[other])]
-            fits[hp] = fit_optimum(sel[hp].to_numpy(float), loss.loc[sel.index].to_numpy(float), hp in LOG_SCALE,
-                                   diverged=diverged_all.loc[sel.index].to_numpy())
+            fits[hp] = fit_optimum(
+                sel[hp].to_numpy(float),
+                loss.loc[sel.index].to_numpy(float),
+                hp in LOG_SCALE,
+                diverged=diverged_all.loc[sel.index].to_numpy(),
+            )
         out[int(width)] = fits
     return out
 
@@ -161,13 +178,28 @@ def table_hash(results: pd.DataFrame) -> str:
 
 
 def _fit_dict(f: OptimumFit) -> dict:
-    d = {"value": f.value, "best_grid_value": f.best_grid_value, "best_loss": f.best_loss,
-         "fitted_loss": f.fitted_loss, "on_edge": f.on_edge, "convex": f.convex, "n_points": f.n_points,
-         "n_diverged": f.n_diverged, "capped_by_divergence": f.capped_by_divergence,
-         "curvature": f.curvature, "log_se": f.log_se, "ci": [f.ci_low, f.ci_high] if f.ci_low is not None else None,
-         "censored": f.censored, "bound": [f.bound_low, f.bound_high], "noise": f.noise, "noise_source": f.noise_source,
-         "n_seeds": f.n_seeds, "se_floor": f.se_floor, "curvature_ci": [f.curvature_low, f.curvature_high],
-         "loss_se": f.loss_se}
+    d = {
+        "value": f.value,
+        "best_grid_value": f.best_grid_value,
+        "best_loss": f.best_loss,
+        "fitted_loss": f.fitted_loss,
+        "on_edge": f.on_edge,
+        "convex": f.convex,
+        "n_points": f.n_points,
+        "n_diverged": f.n_diverged,
+        "capped_by_divergence": f.capped_by_divergence,
+        "curvature": f.curvature,
+        "log_se": f.log_se,
+        "ci": [f.ci_low, f.ci_high] if f.ci_low is not None else None,
+        "censored": f.censored,
+        "bound": [f.bound_low, f.bound_high],
+        "noise": f.noise,
+        "noise_source": f.noise_source,
+        "n_seeds": f.n_seeds,
+        "se_floor": f.se_floor,
+        "curvature_ci": [f.curvature_low, f.curvature_high],
+        "loss_se": f.loss_se,
+    }
     return {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in d.items()}
 
 
@@ -191,14 +223,23 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
     results = check_results(results, tuned)
     fits = optima_by_width(results, tuned)
     skipped = sorted(set(results["width"].unique()) - set(fits))
-    ev = Evidence(optima={w: {hp: f.value for hp, f in per.items()} for w, per in fits.items()},
-                  fixed=dict(spec.sweep.fixed), base_width=spec.base_width,
-                  parametrization=spec.model.parametrization,
-                  log_se={w: {hp: f.log_se for hp, f in per.items()} for w, per in fits.items()},
-                  censored={w: {hp: f.censored for hp, f in per.items()} for w, per in fits.items()})
-    tgt = Target(width=spec.target.width, steps=spec.target_steps, batch_size=spec.target_batch_size,
-                 proxy_steps=spec.sweep.steps, proxy_batch_size=spec.sweep.batch_size,
-                 warmup_timescale=spec.transfer.warmup_timescale, dp=_dp_config(spec))
+    ev = Evidence(
+        optima={w: {hp: f.value for hp, f in per.items()} for w, per in fits.items()},
+        fixed=dict(spec.sweep.fixed),
+        base_width=spec.base_width,
+        parametrization=spec.model.parametrization,
+        log_se={w: {hp: f.log_se for hp, f in per.items()} for w, per in fits.items()},
+        censored={w: {hp: f.censored for hp, f in per.items()} for w, per in fits.items()},
+    )
+    tgt = Target(
+        width=spec.target.width,
+        steps=spec.target_steps,
+        batch_size=spec.target_batch_size,
+        proxy_steps=spec.sweep.steps,
+        proxy_batch_size=spec.sweep.batch_size,
+        warmup_timescale=spec.transfer.warmup_timescale,
+        dp=_dp_config(spec),
+    )
     rule = spec.transfer.rule
     res = RULES[rule](ev, tgt)
     # A rule may choose the target's batch and steps itself (`dp`: B and T from the privacy budget).
@@ -206,40 +247,71 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
     target_steps = res.target_steps or spec.target_steps
     # The rule's width transfer alone (proxy batch/steps): what the predicted penalty is about.
     width_only = RULES[rule](ev, replace(tgt, steps=tgt.proxy_steps, batch_size=tgt.proxy_batch_size))
-    diag = diagnose(fits, tuned, LOG_SCALE, rule, spec.model.parametrization,
-                    res.source_width or max(fits), spec.target.width, width_only.hyperparameters)
+    diag = diagnose(
+        fits,
+        tuned,
+        LOG_SCALE,
+        rule,
+        spec.model.parametrization,
+        res.source_width or max(fits),
+        spec.target.width,
+        width_only.hyperparameters,
+    )
     warnings = list(res.warnings) + diag.pop("warnings")
     if skipped:
         warnings.append(f"widths {skipped} have no ok trial with a finite loss and were left out")
     if res.heuristics:
-        warnings.append("batch size or steps differ between sweep and target: heuristics applied "
-                        f"({', '.join(h['name'] for h in res.heuristics)}); see `heuristics`")
+        warnings.append(
+            "batch size or steps differ between sweep and target: heuristics applied "
+            f"({', '.join(h['name'] for h in res.heuristics)}); see `heuristics`"
+        )
     counts = results.groupby(["width", "status"]).size().unstack(fill_value=0)
-    hidden_lr = res.hyperparameters["lr"] * min(g.get("lr", 1.0) for g in res.param_group_multipliers.values()) \
-        if res.param_group_multipliers else res.hyperparameters["lr"]
+    hidden_lr = (
+        res.hyperparameters["lr"] * min(g.get("lr", 1.0) for g in res.param_group_multipliers.values())
+        if res.param_group_multipliers
+        else res.hyperparameters["lr"]
+    )
     m = spec.model
     return TransferPlan(
-        study=spec.name, rule=rule, model=m, base_width=spec.base_width,
+        study=spec.name,
+        rule=rule,
+        model=m,
+        base_width=spec.base_width,
         target=TargetShape(width=spec.target.width, steps=target_steps, batch_size=target_batch, seq_len=m.seq_len),
         hyperparameters={k: float(v) for k, v in res.hyperparameters.items()},
         param_group_multipliers=res.param_group_multipliers,
-        schedule=_clean({**(res.schedule or {"kind": "none"}), "base": {
-            "warmup": "linear", "warmup_steps": res.hyperparameters.get("warmup_steps", 0.0),
-            "decay": "cosine", "final_lr_fraction": FINAL_LR_FRACTION}}),
+        schedule=_clean(
+            {
+                **(res.schedule or {"kind": "none"}),
+                "base": {
+                    "warmup": "linear",
+                    "warmup_steps": res.hyperparameters.get("warmup_steps", 0.0),
+                    "decay": "cosine",
+                    "final_lr_fraction": FINAL_LR_FRACTION,
+                },
+            }
+        ),
         heuristics=_clean(res.heuristics),
-        baselines=_clean(baselines_for(m.family, spec.target.width, m.depth, m.ffn_mult, target_steps,
-                                       target_batch, m.seq_len, plan_lr=hidden_lr)),
-        data=spec.data, train=spec.train, seed=spec.seed,
+        baselines=_clean(
+            baselines_for(
+                m.family, spec.target.width, m.depth, m.ffn_mult, target_steps, target_batch, m.seq_len, plan_lr=hidden_lr
+            )
+        ),
+        data=spec.data,
+        train=spec.train,
+        seed=spec.seed,
         # Width keys are strings: that is what YAML/JSON give back, so a loaded plan equals this one.
-        diagnostics=_clean({
-            "tuned": tuned,
-            "source_width": res.source_width,
-            "optimum_by_width": {str(w): {hp: _fit_dict(f) for hp, f in per.items()} for w, per in fits.items()},
-            "trials_by_width": {str(w): {str(k): int(v) for k, v in row.items()} for w, row in counts.iterrows()},
-            **diag,
-            "notes": res.notes,
-            "warnings": warnings,
-        }),
+        diagnostics=_clean(
+            {
+                "tuned": tuned,
+                "source_width": res.source_width,
+                "optimum_by_width": {str(w): {hp: _fit_dict(f) for hp, f in per.items()} for w, per in fits.items()},
+                "trials_by_width": {str(w): {str(k): int(v) for k, v in row.items()} for w, row in counts.iterrows()},
+                **diag,
+                "notes": res.notes,
+                "warnings": warnings,
+            }
+        ),
         provenance=_clean({"spec_hash": spec_hash(spec), "results_hash": table_hash(results), **(provenance or {})}),
         **res.extras,
     )
@@ -262,11 +334,14 @@ def _dp_config(spec: StudySpec):
     try:
         return cfg.with_dataset_size(n)
     except ValidationError as e:
-        raise DPError(f"dp (dataset_size derived from the data: N = {n} sequences of {spec.model.seq_len + 1} "
-                      "tokens)", problems_from_validation(e, prefix="dp")) from None
+        raise DPError(
+            f"dp (dataset_size derived from the data: N = {n} sequences of {spec.model.seq_len + 1} tokens)",
+            problems_from_validation(e, prefix="dp"),
+        ) from None
 
 
 # --- standalone use: a results table from any tool, no spec -------------------------------------
+
 
 def tuned_columns(results: pd.DataFrame) -> tuple[list[str], dict[str, float]]:
     """Tunable hyperparameter columns that vary (tuned) and those with one value (fixed)."""
@@ -281,23 +356,47 @@ def tuned_columns(results: pd.DataFrame) -> tuple[list[str], dict[str, float]]:
     return tuned, fixed
 
 
-def standalone_spec(results: pd.DataFrame, *, rule: str, target_width: int, base_width: int | None = None,
-                    proxy_steps: int = 100, proxy_batch_size: int = 16, target_steps: int | None = None,
-                    target_batch_size: int | None = None, model: dict | None = None,
-                    name: str = "standalone", source: str = "results") -> StudySpec:
+def standalone_spec(
+    results: pd.DataFrame,
+    *,
+    rule: str,
+    target_width: int,
+    base_width: int | None = None,
+    proxy_steps: int = 100,
+    proxy_batch_size: int = 16,
+    target_steps: int | None = None,
+    target_batch_size: int | None = None,
+    model: dict | None = None,
+    name: str = "standalone",
+    source: str = "results",
+) -> StudySpec:
     """A StudySpec describing a sweep made elsewhere, so `make_plan` serves both modes."""
     tuned, fixed = tuned_columns(results)
     if not tuned:
-        raise ResultsError(source, [f"no hyperparameter column varies; name the tuned column(s) one of "
-                                    f"{sorted(TUNABLE)} (e.g. rename `learning_rate` to `lr`)"])
+        raise ResultsError(
+            source,
+            [
+                f"no hyperparameter column varies; name the tuned column(s) one of "
+                f"{sorted(TUNABLE)} (e.g. rename `learning_rate` to `lr`)"
+            ],
+        )
     df = check_results(results, tuned, source)
     widths = sorted(int(w) for w in df["width"].unique())
     grid = {hp: sorted(float(v) for v in df[hp].unique()) for hp in tuned}
-    data = {"name": name, "model": {**(model or {}), **({"base_width": base_width} if base_width else {})},
-            "sweep": {"widths": widths, "grid": grid, "fixed": fixed, "steps": proxy_steps,
-                      "batch_size": proxy_batch_size, "seeds": sorted(int(s) for s in df["seed"].unique())},
-            "transfer": {"rule": rule},
-            "target": {"width": target_width, "steps": target_steps, "batch_size": target_batch_size}}
+    data = {
+        "name": name,
+        "model": {**(model or {}), **({"base_width": base_width} if base_width else {})},
+        "sweep": {
+            "widths": widths,
+            "grid": grid,
+            "fixed": fixed,
+            "steps": proxy_steps,
+            "batch_size": proxy_batch_size,
+            "seeds": sorted(int(s) for s in df["seed"].unique()),
+        },
+        "transfer": {"rule": rule},
+        "target": {"width": target_width, "steps": target_steps, "batch_size": target_batch_size},
+    }
     return parse_spec(data, source=f"{source} (as a study)")
 
 

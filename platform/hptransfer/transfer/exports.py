@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from hptransfer.io import write_atomic, write_json
 from hptransfer.models.optim import ADAM_EPS, FINAL_LR_FRACTION
@@ -41,18 +42,23 @@ def caveats(plan: TransferPlan) -> list[str]:
     out = []
     mults = plan.param_group_multipliers
     if any(abs(v - 1.0) > 1e-12 for g in mults.values() for v in g.values()):
-        out.append("per-parameter-group multipliers (µP) must be applied by the trainer: build the model with "
-                   f"`mup` and use MuAdamW, or set per-group lr/weight_decay yourself: {json.dumps(mults)}")
+        out.append(
+            "per-parameter-group multipliers (µP) must be applied by the trainer: build the model with "
+            f"`mup` and use MuAdamW, or set per-group lr/weight_decay yourself: {json.dumps(mults)}"
+        )
     if plan.schedule and plan.schedule.get("kind") == "sp-warmup" and plan.schedule.get("m", 1) > 1:
         s = plan.schedule
-        out.append(f"multiply the LR schedule by the sp-warmup factor s_t = (1 + (m²−1)·exp(−2t/τ))^−1/2 with "
-                   f"m={s['m']:g}, τ={s['timescale']:.4g} steps (hptransfer.transfer.schedule.warmup_multiplier)")
+        out.append(
+            f"multiply the LR schedule by the sp-warmup factor s_t = (1 + (m²−1)·exp(−2t/τ))^−1/2 with "
+            f"m={s['m']:g}, τ={s['timescale']:.4g} steps (hptransfer.transfer.schedule.warmup_multiplier)"
+        )
     if plan.target.batch_size % plan.train.workers:
         out.append(f"target batch {plan.target.batch_size} is not divisible by {plan.train.workers} workers")
     return out
 
 
 # --- DeepSpeed ------------------------------------------------------------------------------------
+
 
 def deepspeed_warmup_cosine(total: int, warmup: int, final_frac: float) -> dict[str, Any]:
     """`WarmupCosineLR` parameters giving `lr_schedule(s, total, warmup, final_frac)` (= HF's
@@ -74,11 +80,9 @@ def deepspeed_warmup_cosine(total: int, warmup: int, final_frac: float) -> dict[
       lower by (s − 1)/w² (at most ≈ 1/w, at step w). No WarmupCosineLR setting matches them all."""
     base = {"warmup_type": "linear", "cos_min_ratio": final_frac}
     if warmup == 0:
-        return {**base, "total_num_steps": total + 2, "warmup_num_steps": 2, "warmup_min_ratio": 1.0,
-                "last_batch_iteration": 1}
+        return {**base, "total_num_steps": total + 2, "warmup_num_steps": 2, "warmup_min_ratio": 1.0, "last_batch_iteration": 1}
     if warmup == 1:
-        return {**base, "total_num_steps": total + 1, "warmup_num_steps": 2, "warmup_min_ratio": 1.0,
-                "last_batch_iteration": 0}
+        return {**base, "total_num_steps": total + 1, "warmup_num_steps": 2, "warmup_min_ratio": 1.0, "last_batch_iteration": 0}
     return {**base, "total_num_steps": total, "warmup_num_steps": warmup, "warmup_min_ratio": 1.0 / warmup}
 
 
@@ -90,10 +94,12 @@ def deepspeed_inexact_steps(warmup: int) -> list[int]:
 def _deepspeed_schedule_note(warmup: int) -> str:
     steps = deepspeed_inexact_steps(warmup)
     which = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}..{steps[-1]}"
-    return (f"WarmupCosineLR matches hptransfer's lr_schedule (= HF cosine_with_min_lr) at every optimizer step "
-            f"except {which} (0-based), which DeepSpeed's warmup cannot express "
-            "(hptransfer.transfer.exports.deepspeed_warmup_cosine); for an exact match pass "
-            "lr_scheduler=LambdaLR(opt, lr_schedule) to deepspeed.initialize and drop `scheduler`")
+    return (
+        f"WarmupCosineLR matches hptransfer's lr_schedule (= HF cosine_with_min_lr) at every optimizer step "
+        f"except {which} (0-based), which DeepSpeed's warmup cannot express "
+        "(hptransfer.transfer.exports.deepspeed_warmup_cosine); for an exact match pass "
+        "lr_scheduler=LambdaLR(opt, lr_schedule) to deepspeed.initialize and drop `scheduler`"
+    )
 
 
 def deepspeed_config(plan: TransferPlan) -> dict[str, Any]:
@@ -105,19 +111,28 @@ def deepspeed_config(plan: TransferPlan) -> dict[str, Any]:
         "train_batch_size": plan.target.batch_size,
         "gradient_accumulation_steps": 1,
         "steps_per_print": plan.train.eval_every,
-        "optimizer": {"type": "AdamW", "params": {
-            "lr": _hp(plan, "lr"), "betas": [_hp(plan, "beta1"), _hp(plan, "beta2")],
-            "eps": ADAM_EPS, "weight_decay": _hp(plan, "weight_decay"),
-            # On CPU, torch's AdamW avoids DeepSpeed JIT-compiling fused_adam (~40 s).
-            **({"torch_adam": True} if cpu else {})}},
-        "scheduler": {"type": "WarmupCosineLR",
-                      "params": deepspeed_warmup_cosine(plan.target.steps, warm, FINAL_LR_FRACTION)},
+        "optimizer": {
+            "type": "AdamW",
+            "params": {
+                "lr": _hp(plan, "lr"),
+                "betas": [_hp(plan, "beta1"), _hp(plan, "beta2")],
+                "eps": ADAM_EPS,
+                "weight_decay": _hp(plan, "weight_decay"),
+                # On CPU, torch's AdamW avoids DeepSpeed JIT-compiling fused_adam (~40 s).
+                **({"torch_adam": True} if cpu else {}),
+            },
+        },
+        "scheduler": {"type": "WarmupCosineLR", "params": deepspeed_warmup_cosine(plan.target.steps, warm, FINAL_LR_FRACTION)},
         "gradient_clipping": _hp(plan, "grad_clip"),  # sweep trials do not clip
         "zero_optimization": {"stage": plan.train.zero_stage},
         "bf16": {"enabled": not cpu},
-        "hptransfer": {"study": plan.study, "rule": plan.rule, "param_group_multipliers": plan.param_group_multipliers,
-                       "schedule": plan.schedule,
-                       **({"lr_schedule_note": _deepspeed_schedule_note(warm)} if deepspeed_inexact_steps(warm) else {})},
+        "hptransfer": {
+            "study": plan.study,
+            "rule": plan.rule,
+            "param_group_multipliers": plan.param_group_multipliers,
+            "schedule": plan.schedule,
+            **({"lr_schedule_note": _deepspeed_schedule_note(warm)} if deepspeed_inexact_steps(warm) else {}),
+        },
     }
 
 
@@ -133,6 +148,7 @@ def validate_deepspeed(cfg: dict[str, Any]) -> None:
 
 
 # --- Hugging Face ---------------------------------------------------------------------------------
+
 
 def hf_training_args(plan: TransferPlan, output_dir: str = "outputs") -> dict[str, Any]:
     """Keyword arguments of `transformers.TrainingArguments`."""
@@ -181,13 +197,23 @@ def torchtitan_config(plan: TransferPlan) -> dict[str, dict[str, Any]]:
     return {
         "job": {"dump_folder": "./outputs", "description": f"hptransfer plan {plan.study} (rule {plan.rule})"},
         "model": {"name": "llama3", "flavor": f"hptransfer_{plan.study}"},
-        "optimizer": {"name": "AdamW", "lr": _hp(plan, "lr"), "beta1": _hp(plan, "beta1"),
-                      "beta2": _hp(plan, "beta2"), "eps": ADAM_EPS,
-                      "weight_decay": _hp(plan, "weight_decay")},
+        "optimizer": {
+            "name": "AdamW",
+            "lr": _hp(plan, "lr"),
+            "beta1": _hp(plan, "beta1"),
+            "beta2": _hp(plan, "beta2"),
+            "eps": ADAM_EPS,
+            "weight_decay": _hp(plan, "weight_decay"),
+        },
         "lr_scheduler": {"warmup_steps": _warmup(plan), "decay_type": "cosine", "lr_min": FINAL_LR_FRACTION},
-        "training": {"local_batch_size": max(1, plan.target.batch_size // plan.train.workers),
-                     "global_batch_size": plan.target.batch_size, "seq_len": plan.target.seq_len,
-                     "steps": plan.target.steps, "seed": plan.seed, "max_norm": _hp(plan, "grad_clip")},
+        "training": {
+            "local_batch_size": max(1, plan.target.batch_size // plan.train.workers),
+            "global_batch_size": plan.target.batch_size,
+            "seq_len": plan.target.seq_len,
+            "steps": plan.target.steps,
+            "seed": plan.seed,
+            "max_norm": _hp(plan, "grad_clip"),
+        },
     }
 
 
@@ -208,9 +234,11 @@ def _toml_value(v: Any) -> str:
 def torchtitan_toml(plan: TransferPlan) -> str:
     cfg = torchtitan_config(plan)
     m = plan.model
-    lines = [f"# torchtitan config from hptransfer plan `{plan.study}` (rule {plan.rule}).",
-             f"# Register model flavor {cfg['model']['flavor']!r}: dim={plan.target.width}, n_layers={m.depth}, "
-             f"n_heads={plan.target.width // m.head_dim}, ffn={int(round(m.ffn_mult * plan.target.width))}, vocab=256."]
+    lines = [
+        f"# torchtitan config from hptransfer plan `{plan.study}` (rule {plan.rule}).",
+        f"# Register model flavor {cfg['model']['flavor']!r}: dim={plan.target.width}, n_layers={m.depth}, "
+        f"n_heads={plan.target.width // m.head_dim}, ffn={int(round(m.ffn_mult * plan.target.width))}, vocab=256.",
+    ]
     lines += [f"# NOTE: {c}" for c in caveats(plan)]
     for section, kv in cfg.items():
         lines += ["", f"[{section}]"] + [f"{k} = {_toml_value(v)}" for k, v in kv.items()]

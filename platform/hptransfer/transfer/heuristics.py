@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 
 
-def adjust_for_batch_and_steps(hps: dict[str, float], batch: int, new_batch: int, steps: int, new_steps: int,
-                               hold_lr_wd_product: bool) -> tuple[dict[str, float], list[dict]]:
+def adjust_for_batch_and_steps(
+    hps: dict[str, float], batch: int, new_batch: int, steps: int, new_steps: int, hold_lr_wd_product: bool
+) -> tuple[dict[str, float], list[dict]]:
     """Returns new hyperparameters and one record per heuristic applied.
 
     - Batch B → B′, Adam: LR × √(B′/B). The square-root scaling rule for adaptive methods (Malladi,
@@ -27,18 +28,39 @@ def adjust_for_batch_and_steps(hps: dict[str, float], batch: int, new_batch: int
     if new_batch != batch:
         k = math.sqrt(new_batch / batch)
         out["lr"] = hps["lr"] * k
-        notes.append({"name": "adam-sqrt-batch-lr", "kind": "heuristic", "factor": k, "applies_to": "lr",
-                      "why": f"batch {batch} → {new_batch}: lr × sqrt({new_batch}/{batch})",
-                      "source": "Malladi et al. 2022, arXiv 2205.10287"})
+        notes.append(
+            {
+                "name": "adam-sqrt-batch-lr",
+                "kind": "heuristic",
+                "factor": k,
+                "applies_to": "lr",
+                "why": f"batch {batch} → {new_batch}: lr × sqrt({new_batch}/{batch})",
+                "source": "Malladi et al. 2022, arXiv 2205.10287",
+            }
+        )
         if hold_lr_wd_product and hps.get("weight_decay", 0.0) > 0:
             out["weight_decay"] = hps["weight_decay"] / k
-            notes.append({"name": "hold-lr-wd-product", "kind": "heuristic", "factor": 1 / k,
-                          "applies_to": "weight_decay", "why": "lr moved by the batch rule; η·λ held constant",
-                          "source": "Kosson et al. 2025, arXiv 2510.19093"})
+            notes.append(
+                {
+                    "name": "hold-lr-wd-product",
+                    "kind": "heuristic",
+                    "factor": 1 / k,
+                    "applies_to": "weight_decay",
+                    "why": "lr moved by the batch rule; η·λ held constant",
+                    "source": "Kosson et al. 2025, arXiv 2510.19093",
+                }
+            )
     if new_steps != steps and hps.get("warmup_steps", 0) > 0:
         k = new_steps / steps
         out["warmup_steps"] = float(round(hps["warmup_steps"] * k))
-        notes.append({"name": "warmup-fraction", "kind": "heuristic", "factor": k, "applies_to": "warmup_steps",
-                      "why": f"steps {steps} → {new_steps}: warmup keeps its fraction of the run",
-                      "source": "common LLM practice (assumption)"})
+        notes.append(
+            {
+                "name": "warmup-fraction",
+                "kind": "heuristic",
+                "factor": k,
+                "applies_to": "warmup_steps",
+                "why": f"steps {steps} → {new_steps}: warmup keeps its fraction of the run",
+                "source": "common LLM practice (assumption)",
+            }
+        )
     return out, notes

@@ -122,8 +122,9 @@ def _residual_noise(x: np.ndarray, mean: np.ndarray, counts: np.ndarray, window:
     return float(math.sqrt((resid**2).sum() / (len(idx) - 3)))
 
 
-def fit_optimum(values, losses, log_scale: bool = True, diverged=None, n_boot: int = 200,
-                seed: int = 0, noise: float | None = None) -> OptimumFit:
+def fit_optimum(
+    values, losses, log_scale: bool = True, diverged=None, n_boot: int = 200, seed: int = 0, noise: float | None = None
+) -> OptimumFit:
     """values, losses: one entry per trial (seeds pooled).
 
     diverged: per-trial flags; None means "every non-finite loss diverged". A non-finite loss that
@@ -202,11 +203,27 @@ def fit_optimum(values, losses, log_scale: bool = True, diverged=None, n_boot: i
             se = max(se, gap / math.sqrt(12))
 
     return OptimumFit(
-        value=value, best_grid_value=float(grid[i]),
-        best_loss=float(mean[i]), fitted_loss=fitted,
-        on_edge=bool(edge), convex=convex, n_points=int(stable_mask.sum()), n_diverged=int(div.sum()),
-        capped_by_divergence=capped, curvature=curv, log_se=se, ci_low=ci_low, ci_high=ci_high,
-        censored=censored, bound_low=bound_low, bound_high=bound_high, noise=sigma, noise_source=source,
-        n_seeds=int(counts[i]), se_floor=floor, curvature_low=k_lo, curvature_high=k_hi,
+        value=value,
+        best_grid_value=float(grid[i]),
+        best_loss=float(mean[i]),
+        fitted_loss=fitted,
+        on_edge=bool(edge),
+        convex=convex,
+        n_points=int(stable_mask.sum()),
+        n_diverged=int(div.sum()),
+        capped_by_divergence=capped,
+        curvature=curv,
+        log_se=se,
+        ci_low=ci_low,
+        ci_high=ci_high,
+        censored=censored,
+        bound_low=bound_low,
+        bound_high=bound_high,
+        noise=sigma,
+        noise_source=source,
+        n_seeds=int(counts[i]),
+        se_floor=floor,
+        curvature_low=k_lo,
+        curvature_high=k_hi,
         loss_se=loss_se if sigma is not None else None,
     )

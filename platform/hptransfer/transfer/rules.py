@@ -75,6 +75,7 @@ def register(name: str):
 
 # --- shared pieces -------------------------------------------------------------------------------
 
+
 def source_width(ev: Evidence, target: Target) -> int:
     """The target's own width when it was swept, else the widest swept width (closest to it)."""
     return target.width if target.width in ev.optima else max(ev.optima)
@@ -94,23 +95,32 @@ def group_multipliers(parametrization: str, m: float) -> dict[str, dict[str, flo
     output_mult/m in the forward pass. SP: one global lr, all factors 1."""
     if parametrization != "mup":
         return {"all": {"lr": 1.0, "weight_decay": 1.0}}
-    return {"hidden_matrices": {"lr": 1 / m, "weight_decay": m},
-            "vectors_embeddings": {"lr": 1.0, "weight_decay": 1.0},
-            "readout": {"lr": 1.0, "weight_decay": 1.0, "forward_multiplier": 1 / m}}
+    return {
+        "hidden_matrices": {"lr": 1 / m, "weight_decay": m},
+        "vectors_embeddings": {"lr": 1.0, "weight_decay": 1.0},
+        "readout": {"lr": 1.0, "weight_decay": 1.0, "forward_multiplier": 1 / m},
+    }
 
 
-def _finish(ev: Evidence, target: Target, hps: dict[str, float], src: int, hold_product: bool,
-            parametrization: str | None = None) -> RuleResult:
-    hps, used = adjust_for_batch_and_steps(hps, target.proxy_batch_size, target.batch_size,
-                                           target.proxy_steps, target.steps, hold_product)
+def _finish(
+    ev: Evidence, target: Target, hps: dict[str, float], src: int, hold_product: bool, parametrization: str | None = None
+) -> RuleResult:
+    hps, used = adjust_for_batch_and_steps(
+        hps, target.proxy_batch_size, target.batch_size, target.proxy_steps, target.steps, hold_product
+    )
     m = target.width / ev.base_width
-    res = RuleResult({k: float(v) for k, v in hps.items()}, heuristics=used, source_width=src,
-                     param_group_multipliers=group_multipliers(parametrization or ev.parametrization, m))
+    res = RuleResult(
+        {k: float(v) for k, v in hps.items()},
+        heuristics=used,
+        source_width=src,
+        param_group_multipliers=group_multipliers(parametrization or ev.parametrization, m),
+    )
     res.notes.append(f"optimum taken from swept width {src}" + (" (the target width itself)" if src == target.width else ""))
     return res
 
 
 # --- the rules -----------------------------------------------------------------------------------
+
 
 @register("mup")
 def mup_rule(ev: Evidence, target: Target) -> RuleResult:
@@ -121,8 +131,10 @@ def mup_rule(ev: Evidence, target: Target) -> RuleResult:
     src = source_width(ev, target)
     res = _finish(ev, target, base_hps(ev, src), src, hold_product=False)
     if ev.parametrization != "mup":
-        res.warnings.append("rule `mup` on a model that is not µP-parametrized: the optimum will drift "
-                            "with width; set model.parametrization: mup, or use rule `sp-warmup` or `power-law`")
+        res.warnings.append(
+            "rule `mup` on a model that is not µP-parametrized: the optimum will drift "
+            "with width; set model.parametrization: mup, or use rule `sp-warmup` or `power-law`"
+        )
     return res
 
 
@@ -136,8 +148,10 @@ def mup_independent_wd_rule(ev: Evidence, target: Target) -> RuleResult:
     res = _finish(ev, target, base_hps(ev, src), src, hold_product=True)
     res.notes.append("η·λ held constant per parameter group (hidden matrices: lr/m, weight_decay·m)")
     if ev.parametrization != "mup":
-        res.warnings.append("rule `mup-independent-wd` on a model that is not µP-parametrized; "
-                            "use rule `sp-warmup` for standard-parametrized models")
+        res.warnings.append(
+            "rule `mup-independent-wd` on a model that is not µP-parametrized; "
+            "use rule `sp-warmup` for standard-parametrized models"
+        )
     if base_hps(ev, src).get("weight_decay", 0.0) == 0:
         res.warnings.append("weight_decay is 0: holding η·λ constant does nothing; tune weight_decay or use `mup`")
     return res
@@ -158,14 +172,18 @@ def mup_standard_wd_rule(ev: Evidence, target: Target) -> RuleResult:
     m = target.width / ev.base_width
     if "hidden_matrices" in res.param_group_multipliers:
         res.param_group_multipliers["hidden_matrices"]["weight_decay"] = 1.0
-    res.notes.append(f"standard (coupled) weight decay under µP: hidden matrices lr/m, weight_decay ×1 (m={m:.4g}), "
-                     "so η·λ shrinks as 1/m; a trainer using MuAdamW must divide the hidden matrices' weight_decay "
-                     "by m to undo MuAdamW's ×m")
+    res.notes.append(
+        f"standard (coupled) weight decay under µP: hidden matrices lr/m, weight_decay ×1 (m={m:.4g}), "
+        "so η·λ shrinks as 1/m; a trainer using MuAdamW must divide the hidden matrices' weight_decay "
+        "by m to undo MuAdamW's ×m"
+    )
     if base_hps(ev, src).get("weight_decay", 0.0) == 0:
         res.warnings.append("weight_decay is 0: `mup-standard-wd` is then `mup`; tune weight_decay or use `mup`")
     if ev.parametrization != "mup":
-        res.warnings.append("rule `mup-standard-wd` on a model that is not µP-parametrized; set "
-                            "model.parametrization: mup, or use rule `sp-warmup` for standard-parametrized models")
+        res.warnings.append(
+            "rule `mup-standard-wd` on a model that is not µP-parametrized; set "
+            "model.parametrization: mup, or use rule `sp-warmup` for standard-parametrized models"
+        )
     return res
 
 
@@ -199,19 +217,30 @@ def sp_warmup_rule(ev: Evidence, target: Target) -> RuleResult:
         tau = 2 * 0.1 * target.steps / math.log(m * m - 1) if m * m > 2 else float(target.steps)
         how = "fallback: half-way at 10% of target steps (weight_decay is 0)"
         if m > 1:
-            res.warnings.append("sp-warmup needs weight_decay > 0 for its timescale 1/(ηλ); "
-                                "fell back to reaching 1/√2 at 10% of the run — tune weight_decay or set the timescale")
-    res.schedule = {"kind": "sp-warmup", "m": m, "eta_lambda": eta_lambda, "timescale": tau,
-                    "timescale_source": how, "steps_to_half": steps_to_half(m, tau),
-                    "formula": "s_t = (1 + (m^2 - 1) * exp(-2 t / timescale))^(-1/2)"}
+            res.warnings.append(
+                "sp-warmup needs weight_decay > 0 for its timescale 1/(ηλ); "
+                "fell back to reaching 1/√2 at 10% of the run — tune weight_decay or set the timescale"
+            )
+    res.schedule = {
+        "kind": "sp-warmup",
+        "m": m,
+        "eta_lambda": eta_lambda,
+        "timescale": tau,
+        "timescale_source": how,
+        "steps_to_half": steps_to_half(m, tau),
+        "formula": "s_t = (1 + (m^2 - 1) * exp(-2 t / timescale))^(-1/2)",
+    }
     half = steps_to_half(m, tau)
     if m * m > 2 and half > WARMUP_CAP_FRACTION * target.steps:
         capped = 2 * WARMUP_CAP_FRACTION * target.steps / math.log(m * m - 1)
-        res.schedule.update(timescale=capped, timescale_uncapped=tau, timescale_source=f"{how}, capped",
-                            steps_to_half=steps_to_half(m, capped))
-        res.warnings.append(f"sp-warmup: with timescale {tau:.4g} s_t would reach 1/√2 only after {half:.0f} steps, "
-                            f"longer than the run ({target.steps}); capped the timescale to {capped:.4g} so it does at "
-                            f"step {steps_to_half(m, capped):.0f} — set transfer.warmup_timescale or raise weight_decay")
+        res.schedule.update(
+            timescale=capped, timescale_uncapped=tau, timescale_source=f"{how}, capped", steps_to_half=steps_to_half(m, capped)
+        )
+        res.warnings.append(
+            f"sp-warmup: with timescale {tau:.4g} s_t would reach 1/√2 only after {half:.0f} steps, "
+            f"longer than the run ({target.steps}); capped the timescale to {capped:.4g} so it does at "
+            f"step {steps_to_half(m, capped):.0f} — set transfer.warmup_timescale or raise weight_decay"
+        )
     if ev.parametrization == "mup":
         res.warnings.append("rule `sp-warmup` on a µP model: µP already provides this warmup; use `mup-independent-wd`")
     return res
@@ -250,8 +279,9 @@ def power_law_rule(ev: Evidence, target: Target) -> RuleResult:
             notes.append(note)
             warnings += [warning] if warning else []
         if target.width / max(widths) > 32:
-            warnings.append(f"extrapolating the power law {target.width / max(widths):.0f}× beyond the widest "
-                            "swept width; add a wider proxy")
+            warnings.append(
+                f"extrapolating the power law {target.width / max(widths):.0f}× beyond the widest swept width; add a wider proxy"
+            )
     res = _finish(ev, target, hps, src, hold_product=False)
     if notes:
         res.notes[0] = f"log-scale hyperparameters extrapolated along the ladder; the others from swept width {src}"
@@ -265,21 +295,45 @@ def _extrapolate(ev: Evidence, hp: str, widths: list[int], target_width: int) ->
     ok = [w for w in widths if not ev.censored.get(w, {}).get(hp)]
     left_out = f"; censored widths {sorted(set(widths) - set(ok))} left out" if len(ok) < len(widths) else ""
     if not ok:
-        return (ev.optima[max(widths)][hp], f"{hp}: every optimum is censored (a bound): widest width's bound used",
-                f"power-law: every {hp} optimum is on a grid edge or capped by divergence; extend sweep.grid.{hp}")
+        return (
+            ev.optima[max(widths)][hp],
+            f"{hp}: every optimum is censored (a bound): widest width's bound used",
+            f"power-law: every {hp} optimum is on a grid edge or capped by divergence; extend sweep.grid.{hp}",
+        )
     widest = ev.optima[max(ok)][hp]
     if len(ok) < 3:
-        return widest, f"{hp}: {len(ok)} uncensored widths, too few to fit a slope: widest uncensored optimum "                        f"{widest:.4g} (width {max(ok)}) used{left_out}", None
+        return (
+            widest,
+            f"{hp}: {len(ok)} uncensored widths, too few to fit a slope: widest uncensored optimum "
+            f"{widest:.4g} (width {max(ok)}) used{left_out}",
+            None,
+        )
     f = fit_log_linear(ok, [math.log(ev.optima[w][hp]) for w in ok], [ev.log_se.get(w, {}).get(hp) for w in ok])
     fit_txt = f"log {hp}* = {f.a:.4g} {f.b:+.4g}(±{f.b_se:.2g})·log n over widths {ok}{left_out}"
     if not (f.b != 0 and (f.b_se == 0 or abs(f.b) / f.b_se > 2)):
-        return widest, f"{hp}: slope not significant ({fit_txt}): widest uncensored optimum {widest:.4g} "                        f"(width {max(ok)}) used", None
+        return (
+            widest,
+            f"{hp}: slope not significant ({fit_txt}): widest uncensored optimum {widest:.4g} (width {max(ok)}) used",
+            None,
+        )
     x_hat, half = f.predict(target_width), interval_quantile(f) * (f.predict_se(target_width) or 0.0)
     lo, hi = x_hat - half, x_hat + half
     if half <= math.log(MAX_EXTRAPOLATION_FACTOR):
-        return math.exp(x_hat), f"{hp}: {fit_txt} → {math.exp(x_hat):.4g} at width {target_width} "                                 f"(95% interval {math.exp(lo):.4g}–{math.exp(hi):.4g})", None
+        return (
+            math.exp(x_hat),
+            f"{hp}: {fit_txt} → {math.exp(x_hat):.4g} at width {target_width} "
+            f"(95% interval {math.exp(lo):.4g}–{math.exp(hi):.4g})",
+            None,
+        )
     value = math.exp(min(max(math.log(widest), lo), hi))
-    return value, f"{hp}: {fit_txt} → {math.exp(x_hat):.4g} at width {target_width}, but its 95% interval "                   f"{math.exp(lo):.4g}–{math.exp(hi):.4g} is wider than ×/÷{MAX_EXTRAPOLATION_FACTOR:g}: {value:.4g} used "                   f"(the end nearest the widest uncensored optimum {widest:.4g})",         f"power-law: the extrapolated {hp} is uncertain by more than ×/÷{MAX_EXTRAPOLATION_FACTOR:g} at width "         f"{target_width}; used the nearest end of its interval — add a wider proxy or seeds"
+    return (
+        value,
+        f"{hp}: {fit_txt} → {math.exp(x_hat):.4g} at width {target_width}, but its 95% interval "
+        f"{math.exp(lo):.4g}–{math.exp(hi):.4g} is wider than ×/÷{MAX_EXTRAPOLATION_FACTOR:g}: {value:.4g} used "
+        f"(the end nearest the widest uncensored optimum {widest:.4g})",
+        f"power-law: the extrapolated {hp} is uncertain by more than ×/÷{MAX_EXTRAPOLATION_FACTOR:g} at width "
+        f"{target_width}; used the nearest end of its interval — add a wider proxy or seeds",
+    )
 
 
 @register("dp")
@@ -311,22 +365,46 @@ def dp_rule(ev: Evidence, target: Target) -> RuleResult:
         why = f"dp.lr={cfg.lr:g} tuned under DP at B_ref={from_batch}, moved to B={dpp.batch_size}"
     else:
         source, from_lr, from_batch = "sweep", hps["lr"], target.proxy_batch_size
-        why = (f"no dp.lr: the non-private sweep optimum {from_lr:.4g} (width {src}, batch {from_batch}) moved to "
-               f"B={dpp.batch_size}; set dp.lr and dp.lr_reference_batch to use an LR tuned under DP")
+        why = (
+            f"no dp.lr: the non-private sweep optimum {from_lr:.4g} (width {src}, batch {from_batch}) moved to "
+            f"B={dpp.batch_size}; set dp.lr and dp.lr_reference_batch to use an LR tuned under DP"
+        )
     scale = math.sqrt(dpp.batch_size / from_batch)
     hps["lr"] = from_lr * scale
-    res = RuleResult({k: float(v) for k, v in hps.items()}, source_width=src, heuristics=used,
-                     param_group_multipliers=group_multipliers(ev.parametrization, target.width / ev.base_width),
-                     target_batch_size=dpp.batch_size, target_steps=dpp.steps, notes=[
-        f"DP: target B={dpp.batch_size} (q={dpp.sample_rate:.4g}) and T={dpp.steps} steps are the DP plan's "
-        f"choice (not target.batch_size/steps), σ={dpp.noise_multiplier:.4g}, "
-        f"C={dpp.clip:g} from the grid {[round(c, 4) for c in dpp.clip_grid]}",
-        f"lr from {source}: {why}: lr = {from_lr:.4g} × √({dpp.batch_size}/{from_batch}) = {hps['lr']:.4g}"])
-    res.heuristics.append({"name": "dp-lr-sqrt-batch", "kind": "heuristic", "factor": scale, "applies_to": "lr",
-                           "lr_source": source, "from_lr": from_lr, "from_batch": from_batch,
-                           "to_batch": dpp.batch_size, "source": "Malladi et al. 2022, arXiv 2205.10287; paper 1",
-                           "why": "Adam: lr × √(B′/B)"})
+    res = RuleResult(
+        {k: float(v) for k, v in hps.items()},
+        source_width=src,
+        heuristics=used,
+        param_group_multipliers=group_multipliers(ev.parametrization, target.width / ev.base_width),
+        target_batch_size=dpp.batch_size,
+        target_steps=dpp.steps,
+        notes=[
+            f"DP: target B={dpp.batch_size} (q={dpp.sample_rate:.4g}) and T={dpp.steps} steps are the DP plan's "
+            f"choice (not target.batch_size/steps), σ={dpp.noise_multiplier:.4g}, "
+            f"C={dpp.clip:g} from the grid {[round(c, 4) for c in dpp.clip_grid]}",
+            f"lr from {source}: {why}: lr = {from_lr:.4g} × √({dpp.batch_size}/{from_batch}) = {hps['lr']:.4g}",
+        ],
+    )
+    res.heuristics.append(
+        {
+            "name": "dp-lr-sqrt-batch",
+            "kind": "heuristic",
+            "factor": scale,
+            "applies_to": "lr",
+            "lr_source": source,
+            "from_lr": from_lr,
+            "from_batch": from_batch,
+            "to_batch": dpp.batch_size,
+            "source": "Malladi et al. 2022, arXiv 2205.10287; paper 1",
+            "why": "Adam: lr × √(B′/B)",
+        }
+    )
     # One LR in the plan: the dp block's `lr` is the plan's, with where it came from.
-    res.extras["dp"] = {**dpp.model_dump(mode="json"), "lr": hps["lr"], "lr_scale": scale, "lr_source": source,
-                        "lr_from": {"lr": from_lr, "batch_size": from_batch}}
+    res.extras["dp"] = {
+        **dpp.model_dump(mode="json"),
+        "lr": hps["lr"],
+        "lr_scale": scale,
+        "lr_source": source,
+        "lr_from": {"lr": from_lr, "batch_size": from_batch},
+    }
     return res

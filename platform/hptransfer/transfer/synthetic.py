@@ -16,34 +16,62 @@ import numpy as np
 import pandas as pd
 
 
-def true_optimum(n: float, nu_inf: float, B: float = 0.0, beta: float = 0.5, power: float | None = None,
-                 n0: float = 64.0) -> float:
+def true_optimum(
+    n: float, nu_inf: float, B: float = 0.0, beta: float = 0.5, power: float | None = None, n0: float = 64.0
+) -> float:
     if power is not None:
         return nu_inf * (n / n0) ** power
-    return nu_inf * math.exp(B * n ** -beta)
+    return nu_inf * math.exp(B * n**-beta)
 
 
-def synthetic_trials(n: int, grid, *, nu_inf: float = 3e-3, B: float = 0.0, beta: float = 0.5,
-                     power: float | None = None, n0: float = 64.0, kappa: float = 0.08, phi_inf: float = 2.0,
-                     A: float = 4.0, alpha: float = 0.5, noise: float = 0.0, n_seeds: int = 1,
-                     diverge_above: float | None = None,
-                     rng: np.random.Generator | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def synthetic_trials(
+    n: int,
+    grid,
+    *,
+    nu_inf: float = 3e-3,
+    B: float = 0.0,
+    beta: float = 0.5,
+    power: float | None = None,
+    n0: float = 64.0,
+    kappa: float = 0.08,
+    phi_inf: float = 2.0,
+    A: float = 4.0,
+    alpha: float = 0.5,
+    noise: float = 0.0,
+    n_seeds: int = 1,
+    diverge_above: float | None = None,
+    rng: np.random.Generator | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One width's trials as arrays (values, losses, diverged), seeds repeated per grid value: the
     fast path for calibration tests that draw thousands of sweeps (no DataFrame per draw)."""
     rng = rng if rng is not None else np.random.default_rng(0)
     v = np.repeat(np.asarray(grid, float), n_seeds)
     opt = true_optimum(n, nu_inf, B, beta, power, n0)
-    loss = phi_inf + A * n ** -alpha + kappa * (np.log(v) - math.log(opt)) ** 2 + noise * rng.standard_normal(len(v))
+    loss = phi_inf + A * n**-alpha + kappa * (np.log(v) - math.log(opt)) ** 2 + noise * rng.standard_normal(len(v))
     div = v > diverge_above if diverge_above is not None else np.zeros(len(v), bool)
     loss[div] = np.nan
     return v, loss, div
 
 
-def synthetic_sweep(widths, grid, *, nu_inf: float = 3e-3, B: float = 0.0, beta: float = 0.5,
-                    power: float | None = None, n0: float = 64.0, kappa: float = 0.08, phi_inf: float = 2.0,
-                    A: float = 4.0, alpha: float = 0.5, noise: float = 0.0, seeds=(0,),
-                    diverge_above: Callable[[int], float] | None = None, hp: str = "lr",
-                    rng_seed: int = 0) -> pd.DataFrame:
+def synthetic_sweep(
+    widths,
+    grid,
+    *,
+    nu_inf: float = 3e-3,
+    B: float = 0.0,
+    beta: float = 0.5,
+    power: float | None = None,
+    n0: float = 64.0,
+    kappa: float = 0.08,
+    phi_inf: float = 2.0,
+    A: float = 4.0,
+    alpha: float = 0.5,
+    noise: float = 0.0,
+    seeds=(0,),
+    diverge_above: Callable[[int], float] | None = None,
+    hp: str = "lr",
+    rng_seed: int = 0,
+) -> pd.DataFrame:
     rng = np.random.default_rng(rng_seed)
     rows = []
     for n in widths:
@@ -53,7 +81,6 @@ def synthetic_sweep(widths, grid, *, nu_inf: float = 3e-3, B: float = 0.0, beta:
                 if diverge_above is not None and v > diverge_above(n):
                     rows.append({"width": n, hp: v, "seed": s, "val_loss": float("nan"), "status": "diverged"})
                     continue
-                loss = phi_inf + A * n ** -alpha + kappa * (math.log(v) - math.log(opt)) ** 2
-                rows.append({"width": n, hp: v, "seed": s, "val_loss": loss + noise * rng.standard_normal(),
-                             "status": "ok"})
+                loss = phi_inf + A * n**-alpha + kappa * (math.log(v) - math.log(opt)) ** 2
+                rows.append({"width": n, hp: v, "seed": s, "val_loss": loss + noise * rng.standard_normal(), "status": "ok"})
     return pd.DataFrame(rows)
