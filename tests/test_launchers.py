@@ -331,6 +331,7 @@ def _tiny_project(root: Path) -> Path:
     spec["sweep"]["grid"] = {"lr": [0.01, 0.1]}
     spec["sweep"]["steps"] = 10
     spec["sweep"]["seeds"] = [0]
+    spec["sweep"]["noise_seeds"] = 0  # the grid only: 4 trials over the two nodes
     spec["data"]["max_files"] = 50
     (root / "search_spaces").mkdir()
     (root / "search_spaces" / "loopback.yaml").write_text(yaml.safe_dump(spec))

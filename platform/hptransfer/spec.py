@@ -180,7 +180,7 @@ def _read_config_json(v: str | Path) -> dict[str, Any]:
 
 
 def _hf_config_problems(config: dict[str, Any]) -> list[str]:
-    from hptransfer.models import families
+    import hptransfer.models.families as families
 
     mt = config["model_type"]
     try:
