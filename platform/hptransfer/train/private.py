@@ -221,12 +221,8 @@ def run_private_train(
 ) -> dict:
     """Run (or, with resume=True, continue from its latest checkpoint) the private large run into
     the study's train/ folder; returns rank 0's final metrics (with `epsilon_spent`, `delta`)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     from hptransfer.dp.lm import sequence_count
-    from hptransfer.study import TRAIN_EXPERIMENT
-    from hptransfer.train.runner import _check_same_model
+    from hptransfer.train.runner import _check_same_model, fit_on_ray_train
 
     paths = study.paths.train
     run = check_private_plan(plan, sequence_count(plan.data, plan.target.seq_len))  # before anything is written
@@ -244,7 +240,6 @@ def run_private_train(
     elif previous.exists() and paths.plan.is_file():
         _check_same_model(paths.plan, plan)
         _check_same_privacy(paths.plan, run)
-    gpus = plan.train.gpus_per_worker
     tracker = study.tracker(f"{plan.study}-train", kind="train", tags={"rule": plan.rule, "private": "true"})
     tracker.log_params(
         {
@@ -277,9 +272,11 @@ def run_private_train(
         f"from {run.init_from or 'a fresh model'}"
     )
     with study.ray_session():
-        trainer = TorchTrainer(
+        result = fit_on_ray_train(
+            study,
+            plan,
             private_loop_per_worker,
-            train_loop_config={
+            {
                 "plan": plan.model_dump(mode="json"),
                 "run": asdict(run),
                 "out_dir": str(paths.root),
@@ -289,27 +286,8 @@ def run_private_train(
                 "mlflow_every": mlflow_every,
                 "seed": dp_seed if dp_seed is not None else secrets.randbits(62),
             },
-            scaling_config=ScalingConfig(
-                num_workers=plan.train.workers,
-                use_gpu=gpus > 0,
-                resources_per_worker={"CPU": plan.train.cpus_per_worker, **({"GPU": gpus} if gpus else {})},
-            ),
-            torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
-            # Same name + storage path: Ray Train hands the loop the latest checkpoint after a worker
-            # dies and on --resume (as in the non-private run).
-            run_config=RunConfig(
-                name=TRAIN_EXPERIMENT,
-                storage_path=str(paths.ray_storage),
-                failure_config=FailureConfig(max_failures=plan.train.max_failures),
-                checkpoint_config=CheckpointConfig(num_to_keep=plan.train.keep_checkpoints),
-            ),
+            tracker,
         )
-        try:
-            with logs.follow(paths.progress_log):
-                result = trainer.fit()
-        except Exception:
-            tracker.end("FAILED")
-            raise
     metrics = dict(result.metrics or {})
     for path in (paths.metrics, paths.plan, paths.hf_model):
         if path.exists():

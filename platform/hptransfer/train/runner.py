@@ -20,10 +20,6 @@ def run_train(
     study's train/ folder. Rank 0's progress lines are printed (`hptransfer.logs.progress`) as they
     come; MLflow gets every step's metrics, written at most every 10 s of training (every
     `mlflow_every` steps if set)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    from hptransfer.study import TRAIN_EXPERIMENT
     from hptransfer.train.dsconfig import deepspeed_config
     from hptransfer.train.loop import train_loop_per_worker
 
@@ -65,9 +61,11 @@ def run_train(
         f"{plan.train.workers} workers, ZeRO-{plan.train.zero_stage}, lr {plan.hps.lr:.4g}"
     )
     with study.ray_session():
-        trainer = TorchTrainer(
+        result = fit_on_ray_train(
+            study,
+            plan,
             train_loop_per_worker,
-            train_loop_config={
+            {
                 "plan": plan.model_dump(mode="json"),
                 "out_dir": str(paths.root),
                 "tracking_uri": study.tracking_uri,
@@ -76,27 +74,8 @@ def run_train(
                 "bf16": gpus > 0,
                 "mlflow_every": mlflow_every,
             },
-            scaling_config=ScalingConfig(
-                num_workers=plan.train.workers,
-                use_gpu=gpus > 0,
-                resources_per_worker={"CPU": plan.train.cpus_per_worker, **({"GPU": gpus} if gpus else {})},
-            ),
-            torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
-            # Same name + storage path: Ray Train restores its checkpoint manager and hands the
-            # loop the latest checkpoint (get_checkpoint) — both after a worker dies and on --resume.
-            run_config=RunConfig(
-                name=TRAIN_EXPERIMENT,
-                storage_path=str(paths.ray_storage),
-                failure_config=FailureConfig(max_failures=plan.train.max_failures),
-                checkpoint_config=CheckpointConfig(num_to_keep=plan.train.keep_checkpoints),
-            ),
+            tracker,
         )
-        try:
-            with logs.follow(paths.progress_log):
-                result = trainer.fit()
-        except Exception:
-            tracker.end("FAILED")
-            raise
     metrics = dict(result.metrics or {})
     for path in (paths.metrics, paths.deepspeed_config, paths.plan, paths.hf_model):
         if path.exists():
@@ -106,6 +85,41 @@ def run_train(
     metrics["mlflow_run_id"] = tracker.run_id
     metrics["checkpoint"] = result.checkpoint.path if result.checkpoint else None
     return metrics
+
+
+def fit_on_ray_train(study: Study, plan: TransferPlan, loop, loop_config: dict, tracker):
+    """One Ray Train run of `loop` at the plan's scale (gloo on CPU, NCCL with GPUs), the large run's
+    and the private run's alike; rank 0's progress lines are shown while it runs. Same name and
+    storage path every time: Ray Train restores its checkpoint manager and hands the loop the latest
+    checkpoint (`get_checkpoint`) — both after a worker dies and on --resume."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from hptransfer.study import TRAIN_EXPERIMENT
+
+    paths, gpus = study.paths.train, plan.train.gpus_per_worker
+    trainer = TorchTrainer(
+        loop,
+        train_loop_config=loop_config,
+        scaling_config=ScalingConfig(
+            num_workers=plan.train.workers,
+            use_gpu=gpus > 0,
+            resources_per_worker={"CPU": plan.train.cpus_per_worker, **({"GPU": gpus} if gpus else {})},
+        ),
+        torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
+        run_config=RunConfig(
+            name=TRAIN_EXPERIMENT,
+            storage_path=str(paths.ray_storage),
+            failure_config=FailureConfig(max_failures=plan.train.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=plan.train.keep_checkpoints),
+        ),
+    )
+    try:
+        with logs.follow(paths.progress_log):
+            return trainer.fit()
+    except Exception:
+        tracker.end("FAILED")
+        raise
 
 
 def _check_same_model(previous_plan, plan: TransferPlan) -> None:
