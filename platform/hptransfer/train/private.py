@@ -50,7 +50,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hptransfer import logs
 from hptransfer.errors import DPError, PlanError, Problem
 from hptransfer.io import write_json
 from hptransfer.plan import TransferPlan, save_plan
@@ -222,23 +221,11 @@ def run_private_train(
     """Run (or, with resume=True, continue from its latest checkpoint) the private large run into
     the study's train/ folder; returns rank 0's final metrics (with `epsilon_spent`, `delta`)."""
     from hptransfer.dp.lm import sequence_count
-    from hptransfer.train.runner import _check_same_model, fit_on_ray_train
+    from hptransfer.train.runner import fit_on_ray_train, prepare_train_dir
 
     paths = study.paths.train
     run = check_private_plan(plan, sequence_count(plan.data, plan.target.seq_len))  # before anything is written
-    paths.root.mkdir(parents=True, exist_ok=True)
-    logs.attach(study.paths.log_file)
-    previous = paths.ray_experiment
-    if previous.exists() and restart:
-        aside = study.move_aside(paths.ray_storage, paths.metrics, paths.hf_model, paths.progress, paths.progress_log, paths.plan)
-        log(f"restart: the previous large run was moved to {aside}")
-    elif previous.exists() and not resume:
-        raise PlanError(
-            f"{paths.root} already holds a training run; pass --resume to continue it from its latest "
-            "checkpoint, or --restart to discard it"
-        )
-    elif previous.exists() and paths.plan.is_file():
-        _check_same_model(paths.plan, plan)
+    if prepare_train_dir(study, plan, resume=resume, restart=restart, log=log):
         _check_same_privacy(paths.plan, run)
     tracker = study.tracker(f"{plan.study}-train", kind="train", tags={"rule": plan.rule, "private": "true"})
     tracker.log_params(

@@ -24,19 +24,7 @@ def run_train(
     from hptransfer.train.loop import train_loop_per_worker
 
     paths = study.paths.train
-    paths.root.mkdir(parents=True, exist_ok=True)
-    logs.attach(study.paths.log_file)
-    previous = paths.ray_experiment
-    if previous.exists() and restart:
-        aside = study.move_aside(paths.ray_storage, paths.metrics, paths.hf_model, paths.progress, paths.progress_log, paths.plan)
-        log(f"restart: the previous large run was moved to {aside}")
-    elif previous.exists() and not resume:
-        raise PlanError(
-            f"{paths.root} already holds a training run; pass --resume to continue it from its latest "
-            "checkpoint, or --restart to discard it"
-        )
-    elif previous.exists() and paths.plan.is_file():
-        _check_same_model(paths.plan, plan)
+    prepare_train_dir(study, plan, resume=resume, restart=restart, log=log)
     gpus = plan.train.gpus_per_worker
     ds_cfg = deepspeed_config(plan, plan.train.workers, bf16=gpus > 0)  # fail here, before any worker starts
     tracker = study.tracker(f"{plan.study}-train", kind="train", tags={"rule": plan.rule})
@@ -85,6 +73,29 @@ def run_train(
     metrics["mlflow_run_id"] = tracker.run_id
     metrics["checkpoint"] = result.checkpoint.path if result.checkpoint else None
     return metrics
+
+
+def prepare_train_dir(study: Study, plan: TransferPlan, *, resume: bool, restart: bool, log=print) -> bool:
+    """The train/ folder before a run (large or private): a restart moves the previous run aside, a
+    plain rerun over one is refused, a resume must be of the same model. Returns True when a
+    previous run of the same model is being continued."""
+    paths = study.paths.train
+    paths.root.mkdir(parents=True, exist_ok=True)
+    logs.attach(study.paths.log_file)
+    previous = paths.ray_experiment
+    if previous.exists() and restart:
+        aside = study.move_aside(paths.ray_storage, paths.metrics, paths.hf_model, paths.progress, paths.progress_log, paths.plan)
+        log(f"restart: the previous large run was moved to {aside}")
+        return False
+    if previous.exists() and not resume:
+        raise PlanError(
+            f"{paths.root} already holds a training run; pass --resume to continue it from its latest "
+            "checkpoint, or --restart to discard it"
+        )
+    if previous.exists() and paths.plan.is_file():
+        _check_same_model(paths.plan, plan)
+        return True
+    return False
 
 
 def fit_on_ray_train(study: Study, plan: TransferPlan, loop, loop_config: dict, tracker):
