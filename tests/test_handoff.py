@@ -11,7 +11,15 @@ from transformers import AutoModelForCausalLM
 from hptransfer.data import load_corpus
 from hptransfer.hyperparameters import Hyperparameters
 from hptransfer.models import build_model, build_optimizer, lm_logits
-from hptransfer.models.handoff import BASE_SHAPES_FILE, HANDOFF_FILE, PLAN_FILE, load_handoff, read_handoff, save_handoff
+from hptransfer.models.handoff import (
+    BASE_SHAPES_FILE,
+    HANDOFF_FILE,
+    PLAN_FILE,
+    _scale_queries,
+    load_handoff,
+    read_handoff,
+    save_handoff,
+)
 from hptransfer.spec import ModelSpec
 
 WIDTH, BASE, SEQ = 48, 16, 16
@@ -196,3 +204,35 @@ def test_old_folder_without_handoff_metadata_is_refused(tmp_path):
     model.save_pretrained(tmp_path / "old")
     with pytest.raises(FileNotFoundError, match=HANDOFF_FILE):
         load_handoff(tmp_path / "old")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model_type": "qwen2", "num_attention_heads": 2, "num_key_value_heads": 1},  # q_proj, grouped KV heads
+        {"model_type": "gpt2", "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},  # fused Conv1D c_attn, tied
+        {"model_type": "gpt_neox", "hidden_dropout": 0.0, "attention_dropout": 0.0},  # fused, per-head interleaved qkv
+    ],
+    ids=["qwen2", "gpt2", "gpt_neox"],
+)
+def test_attention_scale_1_over_d_is_folded_into_the_queries(config, val, tmp_path):
+    """µP's q·k/d (fixed head count, head size growing with width) reaches plain transformers."""
+    spec = ModelSpec(family="hf", config=config, depth=1, n_heads=2, attn_scale="1/d", seq_len=SEQ, parametrization="mup")
+    model = build_model(spec, 4 * BASE, base_width=BASE, hps=HPS, seed=0)
+    torch.manual_seed(0)
+    with torch.no_grad():  # trained-like weights: q·k large enough that the attention scale changes the logits
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    scaled = {n: m.scaling for n, m in model.named_modules() if isinstance(getattr(m, "scaling", None), float)}
+    assert scaled and all(s == pytest.approx((4 * BASE // 2) ** -0.5 * 0.5) for s in scaled.values())  # √(d_base/d)/√d
+    save_handoff(model, tmp_path / "h", spec_model=spec, width=4 * BASE, base_width=BASE)
+    assert set(read_handoff(tmp_path / "h")["attn_scale_folded"]) == set(scaled)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "h").eval()
+    x = val[0][0]
+    torch.testing.assert_close(lm_logits(plain, x), lm_logits(model.eval(), x), rtol=1e-4, atol=1e-4)
+    unfolded = AutoModelForCausalLM.from_pretrained(tmp_path / "h").eval()  # the fold undone: other logits
+    _scale_queries(unfolded, {n: 1 / f for n, f in read_handoff(tmp_path / "h")["attn_scale_folded"].items()})
+    assert not torch.allclose(lm_logits(unfolded, x), lm_logits(model, x), atol=1e-3)
+    loaded = load_handoff(tmp_path / "h").eval()
+    assert {n: m.scaling for n, m in loaded.named_modules() if n in scaled} == pytest.approx(scaled)
+    torch.testing.assert_close(lm_logits(loaded, x), lm_logits(model, x), rtol=1e-5, atol=1e-5)

@@ -63,6 +63,7 @@ def test_resume_after_sigkill_of_the_driver(tmp_path):
     # A third run finds the sweep finished: nothing trains, nothing is logged twice.
     r3 = subprocess.run(_sweep_cmd(spec_path, study), capture_output=True, text=True, timeout=600)
     assert r3.returncode == 0, r3.stderr[-3000:]
+    assert "[sweep] 8/8 trials kept from the earlier run: nothing left to train" in r3.stdout, r3.stdout[-3000:]
     assert (mlflow.search_runs(experiment_names=["resume"])["tags.hpt.kind"] == "trial").sum() == 8
 
 

@@ -132,3 +132,27 @@ def test_stopped_run_continues_with_resume(uninterrupted, tmp_path):
     metrics = run_train(_plan(), tmp_path, resume=True)
     assert 0 < metrics["resumed_from_step"] < STEPS
     assert metrics["train_loss"] == pytest.approx(ref["train_loss"], rel=1e-3)
+
+
+def test_zero3_handoff_holds_the_full_weights(ray_local, tmp_path):
+    """ZeRO-3 partitions every parameter across the 2 workers: the hand-off gathers them, so plain
+    transformers reproduces the run's validation loss (an SP model; ZeRO-3 with µP is refused)."""
+    from transformers import AutoModelForCausalLM
+
+    from hptransfer.data import load_corpus
+    from hptransfer.models import evaluate
+
+    base = _plan(zero_stage=3, checkpoint_every=0, eval_every=10)
+    plan = base.model_copy(
+        update={
+            "model": base.model.model_copy(update={"parametrization": "sp"}),
+            "target": base.target.model_copy(update={"steps": 10}),
+            "hyperparameters": {**base.hyperparameters, "output_mult": 2.0},  # a readout multiplier to fold
+        }
+    )
+    metrics = run_train(plan, tmp_path)
+    assert metrics["status"] == "ok" and metrics["step"] == 10
+    val = load_corpus(plan.data.val_fraction, plan.data.max_files).val_batches(plan.data.eval_batches, 8, 32)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "train" / "hf_model").eval()
+    assert plain.lm_head.weight.shape == (plan.model.vocab, 128)
+    assert evaluate(plain, val) == pytest.approx(metrics["val_loss"], rel=1e-4)

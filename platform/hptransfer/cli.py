@@ -132,7 +132,7 @@ def train(
         None,
         "--gpus-per-worker",
         min=0,
-        help="GPUs per worker (NCCL and bf16 when > 0). Default: the plan's train.gpus_per_worker.",
+        help="GPUs per worker (NCCL when > 0; bf16 follows the plan's train.precision). Default: the plan's train.gpus_per_worker.",
     ),
     cpus_per_worker: Optional[float] = typer.Option(
         None, "--cpus-per-worker", min=0.01, help="CPUs per worker (also its torch threads). Default: the plan's."
@@ -174,6 +174,13 @@ def dp_sweep(
     study_dir: Optional[Path] = STUDY_DIR,
     tracking_uri: Optional[str] = TRACKING,
     address: Optional[str] = ADDRESS,
+    task: str = typer.Option(
+        "lm",
+        "--task",
+        help="lm: the spec's model DP-fine-tuned on the private sequences of its corpus, scored by validation "
+        "loss; digits: the offline digits transfer task, scored by test accuracy.",
+    ),
+    width: Optional[int] = typer.Option(None, "--width", min=1, help="lm: the model width. Default: the spec's base width."),
     epsilons: Optional[str] = typer.Option(None, help="Comma-separated ε values. Default: the spec's dp.epsilon."),
     lrs: Optional[str] = typer.Option(None, help="Comma-separated learning rates. Default: the spec's dp.lr."),
     seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds. Default: the spec's sweep.seeds."),
@@ -181,11 +188,12 @@ def dp_sweep(
         False, "--restart", help="Start the DP sweep over; the previous one is moved to STUDY_DIR/replaced/."
     ),
 ):
-    """DP fine-tuning trials over (ε, batch size, clipping bound, LR) on Ray Tune, on the offline digits
-    transfer task: B from each ε's feasible batch sizes, C from its plan's grid. Runs on the main sweep's
-    machinery (resume, resource check, progress); writes dp_sweep_results.csv and dp_sweep.png and logs
-    a parent MLflow run with one child per trial."""
-    from hptransfer.dp.sweep import run_dp_sweep
+    """DP fine-tuning trials over (ε, batch size, clipping bound, LR) on Ray Tune: B from each ε's feasible
+    batch sizes, C from its plan's grid, ε spent checked per trial. Default task: the spec's language model
+    on its corpus (Opacus, Poisson sampling, normalized clipping, one process per trial). Runs on the main
+    sweep's machinery (resume, resource check, progress); writes dp_sweep_results.csv and dp_sweep.png and
+    logs a parent MLflow run with one child per trial."""
+    from hptransfer.dp.sweep import KINDS, TASKS, best_per_epsilon, run_dp_sweep
 
     def numbers(text: str | None, kind, flag: str):
         try:
@@ -193,17 +201,21 @@ def dp_sweep(
         except ValueError:
             fail(f"{flag} must be comma-separated numbers, got {text!r}")
 
+    if task not in TASKS:
+        fail(f"--task must be one of {', '.join(TASKS)}, got {task!r}")
     study = _study(spec, study_dir, tracking_uri, address)
     with study.lock():
         df = run_dp_sweep(
             study,
+            task=task,
+            width=width,
             epsilons=numbers(epsilons, float, "--epsilons"),
             lrs=numbers(lrs, float, "--lrs"),
             seeds=numbers(seeds, int, "--seeds"),
             restart=restart,
             log=console.print,
         )
-    best = df[df.status == "ok"].sort_values("test_accuracy").groupby("epsilon").tail(1)
+    best = best_per_epsilon(df, KINDS[task]).drop(columns=["error", "trial_id"], errors="ignore")
     console.print("best per ε:\n" + best.to_string(index=False), markup=False)
 
 

@@ -102,8 +102,12 @@ def train_stage(
     log=print,
 ) -> dict:
     """The large run from a plan (default: the study's own); command-line scale knobs override the
-    plan's train settings."""
-    from hptransfer.plan import TransferPlan, load_plan
+    plan's train settings. Warnings (a precision other than the sweep's, a target worse than
+    predicted) are printed and kept in the study's log file."""
+    import logging
+
+    from hptransfer import logs
+    from hptransfer.plan import TransferPlan, load_plan, precision_mismatch
     from hptransfer.train.runner import run_train
     from hptransfer.transfer.diagnostics import check_target
 
@@ -115,6 +119,12 @@ def train_stage(
     }
     if knobs:
         plan = plan.model_copy(update={"train": plan.train.model_copy(update=knobs)})
+    warnings = [w for w in [precision_mismatch(plan)] if w and plan.rule != "dp"]  # the private run is fp32
+    if warnings:
+        logs.attach(study.paths.log_file)  # the study's log file keeps them (the console shows `log`'s lines)
+    for w in warnings:
+        log(f"WARNING: {w}")
+        logging.getLogger(__name__).warning("%s", w)
     with study.lock():
         if plan.rule == "dp":  # the DP plan trains privately: Opacus on Ray Train (train/private.py)
             from hptransfer.train.private import run_private_train
@@ -129,6 +139,8 @@ def train_stage(
         else {"verdict": "unchecked", "messages": ["DP run: not compared with the non-private ladder's prediction"]}
     )
     metrics["target_check"] = check
+    if warnings:
+        metrics["warnings"] = warnings
     for m in check["messages"]:
         log(("WARNING: " if check["verdict"] not in ("ok", "unchecked") else "target check: ") + m)
     return metrics

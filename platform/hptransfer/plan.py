@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hptransfer.errors import PlanError, Problem, problems_from_validation
 from hptransfer.hyperparameters import TUNABLE, Hyperparameters
 from hptransfer.io import write_yaml
-from hptransfer.spec import MAX_SEED, MAX_STEPS, MAX_WIDTH, RULE_NAMES, DataSpec, ModelSpec, TrainSpec
+from hptransfer.spec import MAX_SEED, MAX_STEPS, MAX_WIDTH, RULE_NAMES, DataSpec, ModelSpec, Precision, TrainSpec
 
-__all__ = ["PLAN_VERSION", "PlanError", "TargetShape", "TransferPlan", "load_plan", "save_plan"]
+__all__ = ["PLAN_VERSION", "PlanError", "TargetShape", "TransferPlan", "load_plan", "precision_mismatch", "save_plan"]
 
 PLAN_VERSION = 1
 
@@ -59,6 +59,10 @@ class TransferPlan(BaseModel):
     )
     data: DataSpec
     train: TrainSpec
+    sweep_precision: Precision = Field(
+        "fp32",
+        description="The precision the sweep tuned in (`sweep.precision`); a large run in another `train.precision` is warned.",
+    )
     diagnostics: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=dict)
     seed: int = Field(0, ge=0, le=MAX_SEED)
@@ -112,6 +116,19 @@ class TransferPlan(BaseModel):
     def hps(self) -> Hyperparameters:
         """The plan's hyperparameters, typed (defaults filled in)."""
         return Hyperparameters.of(self.hyperparameters)
+
+
+def precision_mismatch(plan: TransferPlan) -> str | None:
+    """A warning when the large run's precision differs from the sweep's: the optimal LR found in one
+    need not be the optimum in the other (bf16 rounding adds noise to every update), so the transfer
+    was not measured for it. None when they agree."""
+    tuned, trains = plan.sweep_precision, plan.train.precision
+    if tuned == trains:
+        return None
+    return (
+        f"the sweep tuned in {tuned} and the large run trains in {trains}: the tuned LR may not carry over; "
+        f"set train.precision: {tuned} or sweep.precision: {trains}"
+    )
 
 
 def _numbers(obj: Any, path: str = "") -> list[tuple[str, float]]:

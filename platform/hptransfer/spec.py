@@ -56,6 +56,9 @@ class _Strict(BaseModel):
         return v
 
 
+Precision = Literal["fp32", "bf16"]
+DEFAULT_PRECISION = "fp32"
+
 BYTE_VOCAB = 256  # the `byte` tokenizer: one token per UTF-8 byte
 
 
@@ -309,6 +312,11 @@ class SweepSpec(_Strict):
     )
     cpus_per_trial: float = Field(1.0, gt=0, description="Ray CPUs per trial (also torch threads in the trial).")
     gpus_per_trial: float = Field(0.0, ge=0, description="Ray GPUs per trial (fractions share a GPU).")
+    precision: Precision = Field(
+        "fp32",
+        description="Trial arithmetic: `fp32`, or `bf16` (forward and loss under torch.autocast to bfloat16, weights and "
+        "optimizer in fp32), on the trial's GPU or on the CPU. The plan records it; a large run in another precision is warned.",
+    )
     scheduler: Literal["fifo", "asha"] = Field(
         "fifo", description="`asha`: stop poor trials early (Ray Tune's ASHAScheduler); stopped trials get status `stopped`."
     )
@@ -394,6 +402,11 @@ class TrainSpec(_Strict):
     zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)
+    precision: Precision = Field(
+        "fp32",
+        description="Large-run arithmetic: `fp32`, or `bf16` (DeepSpeed's bf16 mode: bf16 weights and compute, fp32 "
+        "master weights in the optimizer). Match `sweep.precision`: the tuned LR was found in that precision.",
+    )
     eval_every: int = Field(50, ge=1, description="Steps between validation evaluations in the large run.")
     checkpoint_every: int = Field(
         0, ge=0, description="Steps between DeepSpeed checkpoints (reported to Ray Train); 0: only the final one."
@@ -555,12 +568,18 @@ def load_spec(path: str | Path) -> StudySpec:
     return parse_spec(data, str(path))
 
 
+def _unset_later_fields(spec: StudySpec) -> dict:
+    """Fields added after studies existed, left out of the hashes while they hold their default, so
+    an existing study's hashes (its results table's `spec_hash`, its trial markers) stay the same."""
+    return {section: {"precision"} for section in ("sweep", "train") if getattr(spec, section).precision == DEFAULT_PRECISION}
+
+
 def sweep_hash(spec: StudySpec) -> str:
     """Hash of what the sweep's results depend on (model, data, sweep, seed): a results table or an
     interrupted sweep belongs to it. Editing the target or the rule keeps the results valid."""
-    blob = spec.model_dump_json(include={"model", "data", "sweep", "seed"})
+    blob = spec.model_dump_json(include={"model", "data", "sweep", "seed"}, exclude=_unset_later_fields(spec))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def spec_hash(spec: StudySpec) -> str:
-    return hashlib.sha256(spec.model_dump_json().encode()).hexdigest()[:16]
+    return hashlib.sha256(spec.model_dump_json(exclude=_unset_later_fields(spec)).encode()).hexdigest()[:16]

@@ -53,12 +53,13 @@ def train_dp(
     steps: int,
     noise_multiplier: float,
     clip: float,
-    lr: float,
+    lr: float | None,
     target_epsilon: float,
     delta: float,
     accountant: str = "prv",
-    optimizer: str = "adam",
-    loss_fn: nn.Module | None = None,
+    optimizer: str | torch.optim.Optimizer = "adam",
+    lr_factor: Callable[[int], float] | None = None,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     seed: int = 0,
     log_metrics: LogMetrics | None = None,
     eval_fn: Callable[[nn.Module], dict[str, float]] | None = None,
@@ -66,7 +67,11 @@ def train_dp(
     """Train `model` in place on `dataset` (pairs of tensors (x, y)) with DP-Adam for exactly `steps`
     Poisson-sampled steps at q = batch_size/len(dataset). `log_metrics(dict, step)` receives ε spent
     (and loss, and `eval_fn(model)` if given) after every pass of 1/q steps and at the end; the caller
-    decides where it goes (MLflow, a list, nowhere). `optimizer`: "adam" (DP-Adam, paper 1) or "sgd"."""
+    decides where it goes (MLflow, a list, nowhere). `optimizer`: "adam" (DP-Adam, paper 1) or "sgd"
+    at `lr`; or an optimizer already built over `model`'s parameters (e.g. `models.training_setup`'s
+    MuAdamW; then `lr` must be None: the optimizer has its own). `lr_factor(step)` multiplies the
+    peak LR at each step (a LambdaLR schedule, e.g. `TrainingSetup.lr_factor`). `loss_fn(output, y)`:
+    a mean over the batch (Opacus scales per-example gradients by the batch size)."""
     from hptransfer.dp.accounting import epsilon_spent
 
     n = len(dataset)
@@ -81,9 +86,8 @@ def train_dp(
         )
     loss_fn = loss_fn or nn.CrossEntropyLoss()
     torch.manual_seed(seed)
-    if optimizer not in ("adam", "sgd"):
-        raise ValueError(f"optimizer={optimizer!r} is unknown; use 'adam' (DP-Adam, paper 1) or 'sgd'")
-    opt = (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(model.parameters(), lr=lr)
+    opt = _optimizer(model, optimizer, lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor) if lr_factor is not None else None
     engine, gsm, dp_opt, loader = make_private_normalized(
         model,
         opt,
@@ -109,6 +113,8 @@ def train_dp(
                 if len(y):
                     losses.append(float(loss.detach()))
                 dp_opt.step()
+                if sched is not None:
+                    sched.step()
                 step += 1
                 if step == steps:
                     break
@@ -131,6 +137,18 @@ def train_dp(
         batch_sizes=sizes,
         final_loss=losses[-1] if losses else math.nan,
     )
+
+
+def _optimizer(model: nn.Module, optimizer: str | torch.optim.Optimizer, lr: float | None) -> torch.optim.Optimizer:
+    if isinstance(optimizer, torch.optim.Optimizer):
+        if lr is not None:
+            raise ValueError(f"lr={lr} given with a ready optimizer, which has its own; pass lr=None")
+        return optimizer
+    if optimizer not in ("adam", "sgd"):
+        raise ValueError(f"optimizer={optimizer!r} is unknown; use 'adam' (DP-Adam, paper 1) or 'sgd'")
+    if lr is None:
+        raise ValueError(f"optimizer={optimizer!r} needs a learning rate; pass lr")
+    return (torch.optim.Adam if optimizer == "adam" else torch.optim.SGD)(model.parameters(), lr=lr)
 
 
 def make_private_normalized(

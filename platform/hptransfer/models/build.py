@@ -200,14 +200,25 @@ def lm_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy, computed in fp32 whatever the logits' dtype (bf16 runs)."""
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, batches) -> float:
-    """Mean cross-entropy over (input, target) batches, in eval mode."""
+def evaluate(model: nn.Module, batches, precision: str = "fp32") -> float:
+    """Mean cross-entropy over (input, target) batches, in eval mode, on the model's device (the
+    batches are moved there) and in `precision` (`bf16`: under autocast, as the trial trained)."""
+    from hptransfer.models.device import autocast, module_device
+
+    device = module_device(model)
     model.eval()
     total = 0.0
     for x, y in batches:
-        logits = lm_logits(model, x)
-        total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+        x, y = x.to(device), y.to(device)
+        with autocast(device, precision):
+            logits = lm_logits(model, x)
+        total += lm_loss(logits, y).item()
     model.train()
     return total / len(batches)
 

@@ -13,6 +13,12 @@ Tied embeddings (`MuSharedReadout`, the readout weight *is* the input embedding)
 the shared matrix would also scale the embeddings, so a folded tied model is saved *untied*
 (`tie_word_embeddings: false`, its own `lm_head.weight = c·E`); `load_handoff` ties it again.
 
+µP's attention scale (`model.attn_scale: 1/d`, hf family) sets each attention module's `.scaling`
+to √d_base/d, which `from_pretrained` rebuilds as the architecture's default (1/√d). Since the
+logits are `scaling · (W_q x)·k` and rotary embeddings are linear in q, the ratio f = scaling /
+default is folded into the query projection (`q_proj`, GPT-2's fused `c_attn` columns, GPT-NeoX's
+fused `query_key_value` rows); `load_handoff` divides it back out and restores `.scaling`.
+
 The folder also holds `mup_base_shapes.bsh` (mup's own format, from the live model's `infshape`s),
 `hptransfer_handoff.json` (readout kind, output_mult, width_mult, the fold factor) and the plan
 (`transfer_plan.yaml`), so `load_handoff` rebuilds the µP readout with the un-folded weight and sets
@@ -60,6 +66,56 @@ def _tied(model: nn.Module) -> bool:
     return model.get_output_embeddings().weight is model.get_input_embeddings().weight
 
 
+def _default_scalings(model: nn.Module) -> dict[str, float]:
+    """Each attention module's `.scaling` as `from_pretrained` would build it (the same class and
+    config, on the meta device: shapes only)."""
+    with torch.device("meta"):
+        fresh = type(model)(model.config)
+    return {n: float(m.scaling) for n, m in fresh.named_modules() if isinstance(getattr(m, "scaling", None), float)}
+
+
+def _query_rows(module: nn.Module) -> tuple[nn.Module, Any]:
+    """(the module holding the query projection, an index selecting the query part of its output)."""
+    if isinstance(getattr(module, "q_proj", None), nn.Linear):
+        return module.q_proj, slice(None)
+    if hasattr(module, "c_attn") and hasattr(module, "split_size"):  # GPT-2 Conv1D: weight [in, 3·embed], q first
+        return module.c_attn, slice(0, module.split_size)
+    qkv = getattr(module, "query_key_value", None)
+    if isinstance(qkv, nn.Linear) and hasattr(module, "head_size"):  # GPT-NeoX: rows [heads, 3·head_size], q first
+        hs = int(module.head_size)
+        idx = torch.arange(qkv.out_features).view(-1, 3 * hs)[:, :hs].reshape(-1)
+        return qkv, idx
+    raise NotImplementedError(
+        f"cannot fold the attention scale of {type(module).__name__} into its query projection "
+        "(handoff knows q_proj, GPT-2's c_attn and GPT-NeoX's query_key_value); use attn_scale: 1/sqrt(d)"
+    )
+
+
+def _scale_queries(model: nn.Module, factors: dict[str, float], state: dict[str, torch.Tensor] | None = None) -> None:
+    """Multiply each named attention module's query projection by its factor: in `state` (the
+    tensors to save) when given, else in place in the model."""
+    modules = dict(model.named_modules())
+    for name, f in factors.items():
+        proj, idx = _query_rows(modules[name])
+        pname = next(n for n, m in model.named_modules() if m is proj)
+        conv1d = type(proj).__name__ == "Conv1D"  # weight stored [in, out]
+        for attr in ("weight", "bias"):
+            t = getattr(proj, attr, None)
+            if t is None:
+                continue
+            key = f"{pname}.{attr}"
+            new = (state[key] if state is not None else t.detach()).clone().double()
+            if attr == "weight" and conv1d:
+                new[:, idx] *= f
+            else:
+                new[idx] *= f
+            if state is not None:
+                state[key] = new.to(t.dtype)
+            else:
+                with torch.no_grad():
+                    t.copy_(new.to(t.dtype))
+
+
 def save_handoff(
     model: nn.Module,
     out_dir: str | Path,
@@ -96,6 +152,13 @@ def save_handoff(
     key = next(n for n, m in model.named_modules() if m is head) + ".weight"
     w = head.weight.detach()
     state[key] = (w.double() * scale).to(w.dtype)  # a new tensor: no longer shares the embedding
+    defaults = _default_scalings(model)
+    attn = {
+        n: float(m.scaling) / defaults[n]
+        for n, m in model.named_modules()
+        if n in defaults and abs(float(m.scaling) / defaults[n] - 1.0) > 1e-12
+    }
+    _scale_queries(model, attn, state)
     tie_before = getattr(model.config, "tie_word_embeddings", False)
     try:
         model.config.tie_word_embeddings = tie_before and not untie
@@ -128,6 +191,7 @@ def save_handoff(
                 "tied": tied,
                 "untied_on_save": untie,
             },
+            "attn_scale_folded": attn,  # attention module → scaling / default, folded into its queries
             "base_shapes": BASE_SHAPES_FILE if kind == "MuReadout" else None,
             "plan": PLAN_FILE if plan_dict is not None else None,
         },
@@ -183,6 +247,12 @@ def load_handoff(out_dir: str | Path) -> nn.Module:
     meta = read_handoff(out_dir)
     r = meta["readout"]
     model = AutoModelForCausalLM.from_pretrained(str(out_dir))
+    attn = meta.get("attn_scale_folded") or {}
+    if attn:  # the run's parametrization: un-folded queries, µP's attention scale
+        _scale_queries(model, {n: 1.0 / f for n, f in attn.items()})
+        modules = dict(model.named_modules())
+        for n, f in attn.items():
+            modules[n].scaling *= f
     if r["kind"] != "Linear":
         model.set_output_embeddings(_unfolded_readout(model, r).train(model.training))
     if r["kind"] == "MuReadout":

@@ -70,6 +70,11 @@ def check_resources(need: dict[str, float], cluster: dict, fields: dict[str, str
         raise SweepError("; ".join(over) + "; lower the request, add nodes, or pass --address of a larger cluster")
 
 
+# Experiments whose progress callback has begun in this driver: Tune calls no callback at all when it
+# restores a sweep that had already finished, so run_sweep_task says "kept" itself then.
+_ANNOUNCED: set[str] = set()
+
+
 def _progress_callback(task: SweepTask):
     from ray.tune import Callback
 
@@ -85,6 +90,7 @@ def _progress_callback(task: SweepTask):
         def on_step_begin(self, iteration, trials, **info):
             if not self.started:
                 self.started = True
+                _ANNOUNCED.add(task.experiment)
                 self.kept = self.done = sum(t.status == "TERMINATED" for t in trials)
                 if self.kept:
                     from hptransfer.logs import progress
@@ -187,7 +193,10 @@ def run_sweep_task(study: Study, task: SweepTask, *, restart: bool = False, log=
                 ),
             )
         log(f"sweep: {task.total} trials (" + " × ".join(f"{len(v)} {k}" for k, v in task.axes.items()) + ")")
+        _ANNOUNCED.discard(task.experiment)
         grid = tuner.fit()
+        if resumable and task.experiment not in _ANNOUNCED:
+            log(f"[sweep] {len(grid)}/{task.total} trials kept from the earlier run: nothing left to train")
     rows = [{**task.row(r), "error": _error_line(r)} for r in grid]
     df = pd.DataFrame(rows)
     if task.sort_by and len(df):

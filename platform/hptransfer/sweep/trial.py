@@ -3,6 +3,9 @@
 `train_proxy` is plain PyTorch (callable from a notebook or a test); `tune_trainable` adapts it to
 Ray Tune. A non-finite training loss ends the trial early with status `diverged`: that is a
 result (the LR was too high), not an error.
+
+A trial trains on the GPU Ray reserved for it (`sweep.gpus_per_trial`), else on the CPU, in
+`sweep.precision` (bf16: forward and loss under autocast; hptransfer.models.device).
 """
 
 from __future__ import annotations
@@ -25,11 +28,22 @@ def trial_hps(spec: StudySpec, point: dict) -> Hyperparameters:
 
 
 def train_proxy(
-    spec: StudySpec, width: int, hps: Hyperparameters, seed: int, report: Reporter | None = None, n_reports: int = 4
+    spec: StudySpec,
+    width: int,
+    hps: Hyperparameters,
+    seed: int,
+    report: Reporter | None = None,
+    n_reports: int = 4,
+    *,
+    device: torch.device | str = "cpu",
+    precision: str | None = None,
 ) -> dict:
-    """Train one proxy model; returns the final metrics. `report` gets `n_reports` evaluations."""
+    """Train one proxy model on `device` in `precision` (default: `sweep.precision`); returns the
+    final metrics. `report` gets `n_reports` evaluations."""
     from hptransfer.data import open_corpus
     from hptransfer.models import evaluate, lm_logits, training_setup
+    from hptransfer.models.build import lm_loss
+    from hptransfer.models.device import autocast
 
     t0 = time.perf_counter()
     corpus = open_corpus(spec.data, seq_len=spec.model.seq_len, steps=spec.sweep.steps, batch_size=spec.sweep.batch_size)
@@ -38,15 +52,18 @@ def train_proxy(
     run = training_setup(
         spec.model, width, base_width=spec.base_width, hps=hps, total_steps=steps, seed=seed, rule=spec.transfer.rule
     )
-    model, opt, sched = run.model, run.optimizer, run.scheduler()
+    device, precision = torch.device(device), precision or spec.sweep.precision
+    # In place: the optimizer built by training_setup keeps the same (now moved) parameters.
+    model, opt, sched = run.model.to(device), run.optimizer, run.scheduler()
     eval_at = {max(1, round(steps * (i + 1) / n_reports)) for i in range(n_reports)}
     metrics = {"status": "ok", "val_loss": float("nan"), "train_loss": float("nan"), "step": 0}
     train_time = 0.0
     for step in range(1, steps + 1):
         ts = time.perf_counter()
         x, y = corpus.batch("train", step, spec.sweep.batch_size, spec.model.seq_len, seed=seed)
-        logits = lm_logits(model, x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        x, y = x.to(device), y.to(device)
+        with autocast(device, precision):
+            loss = lm_loss(lm_logits(model, x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         run.clip_gradients()
@@ -57,7 +74,7 @@ def train_proxy(
         if not math.isfinite(metrics["train_loss"]):
             metrics.update(status="diverged", val_loss=float("nan"))
         elif step in eval_at:
-            metrics["val_loss"] = evaluate(model, val)
+            metrics["val_loss"] = evaluate(model, val, precision)
             if not math.isfinite(metrics["val_loss"]):
                 metrics["status"] = "diverged"
         if metrics["status"] == "diverged" or step in eval_at:
@@ -92,6 +109,7 @@ def tune_trainable(config: dict, spec: StudySpec | None = None, done_dir: str | 
     from ray import tune
 
     from hptransfer.io import write_json
+    from hptransfer.models.device import trial_device
 
     s = spec  # validated once by the driver; shared through the object store
     torch.set_num_threads(max(1, int(s.sweep.cpus_per_trial)))
@@ -100,6 +118,8 @@ def tune_trainable(config: dict, spec: StudySpec | None = None, done_dir: str | 
     if marker is not None and marker.exists():
         tune.report({**json.loads(marker.read_text()), "cached": True})
         return
-    final = train_proxy(s, config["width"], hps, config["seed"], report=tune.report, n_reports=s.sweep.reports)
+    final = train_proxy(
+        s, config["width"], hps, config["seed"], report=tune.report, n_reports=s.sweep.reports, device=trial_device()
+    )
     if marker is not None:
         write_json(marker, final)

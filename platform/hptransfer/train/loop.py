@@ -2,6 +2,11 @@
 plan → model (µP base shapes set before DeepSpeed sees it) → optimizer with the plan's per-group
 LRs → DeepSpeed engine → resume from Ray Train's latest checkpoint, if any → steps over
 deterministic batches → eval → periodic checkpoints → final checkpoint, HF model, report.
+
+Device: the engine's (DeepSpeed moves the model to the GPU Ray Train assigned the worker, or keeps it
+on the CPU); every batch goes there, and evaluation follows the model. `train.precision: bf16` is
+DeepSpeed's bf16 mode (bf16 weights and compute, fp32 master weights in the optimizer), on a GPU and
+on DeepSpeed's CPU accelerator alike (ZeRO 0-2 seen to work on CPU); losses are taken in fp32.
 """
 
 from __future__ import annotations
@@ -21,12 +26,17 @@ CKPT_TAG = "state"
 MLFLOW_FLUSH_S = 10.0  # rank 0 writes its buffered metrics to MLflow at most this often (and at checkpoints, at the end)
 
 
-def build_engine(plan: TransferPlan, world: int, *, bf16: bool = False):
+def build_engine(plan: TransferPlan, world: int):
     """The plan's model, optimizer, schedule and clipping (`training_setup`, as in sweep trials)
-    wrapped in a DeepSpeed engine. Returns (engine, ds_config, lr_factor)."""
+    wrapped in a DeepSpeed engine in `train.precision`, on the worker's device (with GPUs: the one
+    Ray Train assigned, which DeepSpeed would otherwise guess from LOCAL_RANK). Returns
+    (engine, ds_config, lr_factor)."""
+    from types import SimpleNamespace
+
     import deepspeed
 
     from hptransfer.models import training_setup
+    from hptransfer.models.device import worker_device
     from hptransfer.train.dsconfig import deepspeed_config
     from hptransfer.transfer.schedule import warmup_multiplier
 
@@ -41,25 +51,42 @@ def build_engine(plan: TransferPlan, world: int, *, bf16: bool = False):
         extra_lr_factor=lambda s: warmup_multiplier(s, plan),
         rule=plan.rule,
     )
-    ds_cfg = deepspeed_config(plan, world, bf16=bf16)  # gradient_clipping = the plan's grad_clip
+    # gradient_clipping = the plan's grad_clip
+    ds_cfg = deepspeed_config(plan, world, bf16=plan.train.precision == "bf16")
+    device = worker_device(plan.train.gpus_per_worker)
+    args = SimpleNamespace(device_rank=device.index or 0) if device.type == "cuda" else None
     # µP's parameter groups exist before DeepSpeed sees the optimizer.
     engine, _, _, _ = deepspeed.initialize(
-        model=run.model, optimizer=run.optimizer, config=ds_cfg, lr_scheduler=lambda opt: run.scheduler(opt)
+        args=args, model=run.model, optimizer=run.optimizer, config=ds_cfg, lr_scheduler=lambda opt: run.scheduler(opt)
     )
     return engine, ds_cfg, run.lr_factor
 
 
 def train_step(engine, x: torch.Tensor, y: torch.Tensor, micro: int) -> torch.Tensor:
     """One optimizer step of this rank's slice in micro-batches (DeepSpeed accumulates, clips at the
-    boundary, steps the optimizer and the LR schedule). Returns the last micro-batch's loss."""
+    boundary, steps the optimizer and the LR schedule). The batch moves to the engine's device.
+    Returns the last micro-batch's loss."""
     from hptransfer.models import lm_logits
+    from hptransfer.models.build import lm_loss
 
+    x, y = x.to(engine.device), y.to(engine.device)
     for i in range(0, len(x), micro):
-        logits = lm_logits(engine, x[i : i + micro])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[i : i + micro].reshape(-1))
+        loss = lm_loss(lm_logits(engine, x[i : i + micro]), y[i : i + micro])
         engine.backward(loss)
         engine.step()
     return loss
+
+
+def _full_weights(engine, ds_cfg: dict):
+    """ZeRO-3 keeps only this rank's partition of each parameter (the module's tensors are empty
+    placeholders): gather the full weights for the hand-off, read-only. Other stages hold them whole."""
+    import contextlib
+
+    if ds_cfg["zero_optimization"]["stage"] != 3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
 
 
 def _save(engine, paths: TrainPaths, step: int, history: list, rank: int):
@@ -93,7 +120,7 @@ def train_loop_per_worker(config: dict) -> None:
     paths.pids.mkdir(parents=True, exist_ok=True)
     (paths.pids / f"rank{rank}").write_text(str(os.getpid()))  # lets an operator (or a test) find a worker
     steps, B, T = plan.target.steps, plan.target.batch_size, plan.target.seq_len
-    engine, ds_cfg, lr_factor = build_engine(plan, world, bf16=config.get("bf16", False))
+    engine, ds_cfg, lr_factor = build_engine(plan, world)  # on the worker's device, in train.precision
 
     if rank == 0:
         # What the running engine actually applies per parameter group (a test compares it with the plan).
@@ -151,7 +178,7 @@ def train_loop_per_worker(config: dict) -> None:
             "tokens_per_s": tokens / (time.perf_counter() - t0),
         }
         if step % plan.train.eval_every == 0 or step == steps:
-            metrics["val_loss"] = evaluate(engine.module, val)
+            metrics["val_loss"] = evaluate(engine.module, val)  # on the model's device, in its dtype
         if not math.isfinite(metrics["train_loss"]):
             metrics["status"] = "diverged"
         history.append(metrics)
@@ -180,16 +207,18 @@ def train_loop_per_worker(config: dict) -> None:
     d, ckpt = _save(engine, paths, metrics["step"], history, rank)
     if rank == 0:
         write_json(paths.metrics, {"final": metrics, "history": history, "deepspeed_config": ds_cfg})
-        # Weights plain `from_pretrained` reads correctly (µP's readout multiplier folded in), with
-        # the base shapes and plan beside them so hptransfer can continue µP training.
-        save_handoff(
-            engine.module,
-            paths.hf_model,
-            spec_model=plan.model,
-            width=plan.target.width,
-            base_width=plan.base_width,
-            plan_dict=plan.model_dump(mode="json"),
-        )
+    with _full_weights(engine, ds_cfg):  # every rank enters: under ZeRO-3 the gather is a collective
+        if rank == 0:
+            # Weights plain `from_pretrained` reads correctly (µP's readout multiplier folded in), with
+            # the base shapes and plan beside them so hptransfer can continue µP training.
+            save_handoff(
+                engine.module,
+                paths.hf_model,
+                spec_model=plan.model,
+                width=plan.target.width,
+                base_width=plan.base_width,
+                plan_dict=plan.model_dump(mode="json"),
+            )
     progress.finish(metrics)
     ray.train.report(metrics, checkpoint=ckpt)
     if rank == 0:

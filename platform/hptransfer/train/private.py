@@ -331,7 +331,6 @@ def recorded_steps(accountant) -> int:
 
 def private_loop_per_worker(config: dict[str, Any]) -> None:
     import ray.train
-    import ray.train.torch
     import torch
     import torch.distributed as dist
     from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
@@ -341,6 +340,7 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
     from hptransfer.dp.lm import load_init_from, private_sequences, register_mu_readout
     from hptransfer.dp.train import make_private_normalized
     from hptransfer.models import evaluate, lm_logits, training_setup
+    from hptransfer.models.device import worker_device
     from hptransfer.models.handoff import save_handoff
     from hptransfer.tracking import BatchedMetrics, MlflowTracker, NullTracker
     from hptransfer.train.progress import Progress
@@ -351,7 +351,9 @@ def private_loop_per_worker(config: dict[str, Any]) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(max(1, int(plan.train.cpus_per_worker)))
-    device = ray.train.torch.get_device() if plan.train.gpus_per_worker > 0 else torch.device("cpu")
+    # Batches go to the worker's device; evaluation follows the model. Always fp32: the private run
+    # has no bf16 mode (train.precision applies to the DeepSpeed large run).
+    device = worker_device(plan.train.gpus_per_worker)
     paths = TrainPaths(Path(config["out_dir"]))
     paths.pids.mkdir(parents=True, exist_ok=True)
     (paths.pids / f"rank{rank}").write_text(str(os.getpid()))  # lets an operator (or a test) find a worker

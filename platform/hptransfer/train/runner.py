@@ -25,8 +25,8 @@ def run_train(
 
     paths = study.paths.train
     prepare_train_dir(study, plan, resume=resume, restart=restart, log=log)
-    gpus = plan.train.gpus_per_worker
-    ds_cfg = deepspeed_config(plan, plan.train.workers, bf16=gpus > 0)  # fail here, before any worker starts
+    # Fail here, before any worker starts; the workers build the same config (train/loop.py).
+    ds_cfg = deepspeed_config(plan, plan.train.workers, bf16=plan.train.precision == "bf16")
     tracker = study.tracker(f"{plan.study}-train", kind="train", tags={"rule": plan.rule})
     tracker.log_params(
         {
@@ -39,6 +39,7 @@ def run_train(
             "depth": plan.model.depth,
             "workers": plan.train.workers,
             "zero_stage": plan.train.zero_stage,
+            "precision": plan.train.precision,
             **{f"hp.{k}": v for k, v in plan.hps.as_dict().items()},
         }
     )
@@ -46,7 +47,7 @@ def run_train(
     save_plan(plan, paths.plan)  # the plan this run trains (a resume checks it)
     log(
         f"train: width {plan.target.width}, {plan.target.steps} steps, global batch {plan.target.batch_size}, "
-        f"{plan.train.workers} workers, ZeRO-{plan.train.zero_stage}, lr {plan.hps.lr:.4g}"
+        f"{plan.train.workers} workers, ZeRO-{plan.train.zero_stage}, {plan.train.precision}, lr {plan.hps.lr:.4g}"
     )
     with study.ray_session():
         result = fit_on_ray_train(
@@ -59,7 +60,6 @@ def run_train(
                 "tracking_uri": study.tracking_uri,
                 "experiment": study.experiment,
                 "run_id": tracker.run_id,
-                "bf16": gpus > 0,
                 "mlflow_every": mlflow_every,
             },
             tracker,

@@ -299,6 +299,7 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
         ),
         data=spec.data,
         train=spec.train,
+        sweep_precision=spec.sweep.precision,
         seed=spec.seed,
         # Width keys are strings: that is what YAML/JSON give back, so a loaded plan equals this one.
         diagnostics=_clean(
