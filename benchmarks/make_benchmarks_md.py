@@ -121,6 +121,14 @@ def _ci_pct(ci) -> str:
     return "—" if not ci else f"[{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}]"
 
 
+def _short(warnings: list[str], n: int = 2, width: int = 150) -> str:
+    """The first warnings, each cut to `width` characters (the JSON keeps them whole)."""
+    if not warnings:
+        return "—"
+    cut = [w if len(w) <= width else w[: width - 1] + "…" for w in warnings[:n]]
+    return "; ".join(cut) + (f" (+{len(warnings) - n} more in the JSON)" if len(warnings) > n else "")
+
+
 def regret_verdict(r: dict, goal: float = 0.005, ceiling: float = 0.01, compute: float = 0.05) -> str:
     """µP's goal (issue 12): regret ≤ 0.5% with the interval's upper end ≤ 1% at ≤ 5% of the direct
     sweep's compute — met / missed / inconclusive (the interval straddles the 1% ceiling)."""
@@ -171,7 +179,7 @@ def regret_section(d: dict) -> str:
             _ci_pct(r["regret_ci"]),
             f"{100 * r['compute_fraction']:.1f}%",
             regret_verdict(r) if r["parametrization"] == "mup" else "n/a",
-            "; ".join(r["warnings"]) or "—",
+            _short(r["warnings"]),
         ]
         for r in d["rules"]
     ]

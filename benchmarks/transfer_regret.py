@@ -72,7 +72,7 @@ GRIDS = {
     p: g
     for p, g in {
         "mup": [0.004 * 2**k for k in range(8)],  # 0.004 … 0.512 (base-width LRs)
-        "sp": [0.0005 * 2**k for k in range(9)],  # 0.0005 … 0.128: SP's optimum falls with width
+        "sp": [0.0005 * 2**k for k in range(11)],  # 0.0005 … 0.512: SP's optimum falls with width (narrow widths want ≥ 0.128)
     }.items()
     if p in _CFG.get("parametrizations", ["mup", "sp"])
 }

@@ -116,3 +116,15 @@ def test_precision_at_its_default_leaves_existing_hashes_alone():
     bf16_train = parse_spec(tiny_spec_dict(train={"precision": "bf16"}))
     assert sweep_hash(bf16_sweep) != sweep_hash(plain)
     assert sweep_hash(bf16_train) == sweep_hash(plain) and spec_hash(bf16_train) != spec_hash(plain)
+
+
+def test_exported_configs_follow_the_large_runs_precision():
+    from hptransfer.transfer.engine import make_plan, standalone_spec
+    from hptransfer.transfer.exports import deepspeed_config, hf_training_args
+    from hptransfer.transfer.synthetic import synthetic_sweep
+
+    df = synthetic_sweep([32, 64], [1e-3, 3e-3, 1e-2, 3e-2])
+    plan = make_plan(standalone_spec(df, rule="mup", target_width=256, model={"family": "mlp"}), df)
+    bf16 = plan.model_copy(update={"train": plan.train.model_copy(update={"precision": "bf16"})})
+    assert deepspeed_config(plan)["bf16"]["enabled"] is False and hf_training_args(plan)["bf16"] is False
+    assert deepspeed_config(bf16)["bf16"]["enabled"] is True and hf_training_args(bf16)["bf16"] is True

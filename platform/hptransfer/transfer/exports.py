@@ -125,7 +125,7 @@ def deepspeed_config(plan: TransferPlan) -> dict[str, Any]:
         "scheduler": {"type": "WarmupCosineLR", "params": deepspeed_warmup_cosine(plan.target.steps, warm, FINAL_LR_FRACTION)},
         "gradient_clipping": _hp(plan, "grad_clip"),  # sweep trials do not clip
         "zero_optimization": {"stage": plan.train.zero_stage},
-        "bf16": {"enabled": not cpu},
+        "bf16": {"enabled": plan.train.precision == "bf16"},  # the large run's own precision
         "hptransfer": {
             "study": plan.study,
             "rule": plan.rule,
@@ -169,7 +169,7 @@ def hf_training_args(plan: TransferPlan, output_dir: str = "outputs") -> dict[st
         "gradient_accumulation_steps": 1,
         "max_grad_norm": _hp(plan, "grad_clip"),  # sweep trials do not clip; clipping moves the optimum
         "seed": plan.seed,
-        "bf16": plan.train.gpus_per_worker > 0,
+        "bf16": plan.train.precision == "bf16",
         "logging_steps": plan.train.eval_every,
         "report_to": "none",
     }
