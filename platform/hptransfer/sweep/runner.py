@@ -196,7 +196,9 @@ def run_sweep_task(study: Study, task: SweepTask, *, restart: bool = False, log=
         _ANNOUNCED.discard(task.experiment)
         grid = tuner.fit()
         if resumable and task.experiment not in _ANNOUNCED:
-            log(f"[sweep] {len(grid)}/{task.total} trials kept from the earlier run: nothing left to train")
+            from hptransfer.logs import progress  # plain text, as the callback's lines (no Rich markup)
+
+            progress(f"[sweep] {len(grid)}/{task.total} trials kept from the earlier run: nothing left to train")
     rows = [{**task.row(r), "error": _error_line(r)} for r in grid]
     df = pd.DataFrame(rows)
     if task.sort_by and len(df):
