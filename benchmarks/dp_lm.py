@@ -238,6 +238,8 @@ def public_grad_norm(spec: dict, n: int = 512, seed: int = 0) -> float:
 
 # --- statistics and verdicts (pure) ---------------------------------------------------------------
 
+from make_benchmarks_md import verdict  # noqa: E402  (one rule for every benchmark's verdicts)
+
 
 def t_interval(xs: list[float]) -> dict:
     """Mean and 95% t-interval over seeds (none with fewer than 2)."""
@@ -250,21 +252,6 @@ def t_interval(xs: list[float]) -> dict:
     sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
     h = student.ppf(0.975, n - 1) * sd / math.sqrt(n)
     return {"mean": mean, "lo": mean - h, "hi": mean + h, "n": n}
-
-
-def verdict(lo: float | None, hi: float | None, *, inside: tuple[float, float] | None = None, below: float | None = None) -> str:
-    """reproduced when the whole interval satisfies the claim, not reproduced when none of it does,
-    inconclusive otherwise (or without an interval). Same rule as make_benchmarks_md.verdict."""
-    if lo is None or hi is None:
-        return "inconclusive"
-    if inside is not None:
-        a, b = inside
-        if a <= lo and hi <= b:
-            return "reproduced"
-        return "not reproduced" if hi < a or lo > b else "inconclusive"
-    if hi < below:
-        return "reproduced"
-    return "not reproduced" if lo >= below else "inconclusive"
 
 
 def relative_slopes(losses: dict[int, dict[int, float]]) -> list[float]:

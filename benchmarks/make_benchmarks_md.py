@@ -96,9 +96,11 @@ def slope_interval(optima: dict) -> tuple[float, float, float] | None:
     return f.b, f.b - q * f.b_se, f.b + q * f.b_se
 
 
-def verdict(lo: float, hi: float, *, inside: tuple[float, float] | None = None, below: float | None = None) -> str:
+def verdict(lo: float | None, hi: float | None, *, inside: tuple[float, float] | None = None, below: float | None = None) -> str:
     """reproduced when the whole interval satisfies the claim, not reproduced when none of it does,
-    inconclusive otherwise (the noise is larger than the effect)."""
+    inconclusive otherwise (the noise is larger than the effect, or there is no interval)."""
+    if lo is None or hi is None:
+        return "inconclusive"
     if inside is not None:
         a, b = inside
         if a <= lo and hi <= b:

@@ -96,6 +96,13 @@ def sweep_points(spec: StudySpec, epsilons: list[float], dataset_size: int) -> l
     return points
 
 
+def _trial_kwargs(config: dict) -> dict:
+    """A trial's privacy and optimizer settings: its (ε, B, C) point and the sweep-wide rest."""
+    p = config["point"]
+    keys = ("delta", "epochs", "lr", "accountant", "seed")
+    return {"epsilon": p["epsilon"], "batch_size": p["batch_size"], "clip": p["clip"], **{k: config[k] for k in keys}}
+
+
 def _lm_trainable(config: dict, task=None) -> None:
     import torch
     from ray import tune
@@ -106,14 +113,7 @@ def _lm_trainable(config: dict, task=None) -> None:
     p = config["point"]
     m = run_dp_lm_finetune(
         task,
-        epsilon=p["epsilon"],
-        delta=config["delta"],
-        epochs=config["epochs"],
-        batch_size=p["batch_size"],
-        clip=p["clip"],
-        lr=config["lr"],
-        accountant=config["accountant"],
-        seed=config["seed"],
+        **_trial_kwargs(config),
     )
     within = m["dp/epsilon"] <= p["epsilon"] + 1e-9
     status = "failed" if not within else ("ok" if math.isfinite(m["val_loss"]) else "diverged")
@@ -139,14 +139,7 @@ def _digits_trainable(config: dict, task=None, body=None) -> None:
     m = run_dp_finetune(
         task,
         body,
-        epsilon=p["epsilon"],
-        delta=config["delta"],
-        epochs=config["epochs"],
-        batch_size=p["batch_size"],
-        clip=p["clip"],
-        lr=config["lr"],
-        accountant=config["accountant"],
-        seed=config["seed"],
+        **_trial_kwargs(config),
     )
     ok = math.isfinite(m["test/accuracy"]) and m["dp/epsilon"] <= p["epsilon"] + 1e-9
     tune.report({"test_accuracy": m["test/accuracy"], "epsilon_spent": m["dp/epsilon"], "status": "ok" if ok else "failed"})
