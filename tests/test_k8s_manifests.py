@@ -684,6 +684,7 @@ def test_hpt_k8s_render_names_every_bad_flag(tmp_path: Path) -> None:
             "--active-deadline-seconds",
             "-5",
         ],
+        env={"COLUMNS": "1000"},  # Rich's error box would wrap a long tmp path mid-name
     )
     assert result.exit_code == 2
     text = " ".join(result.output.split())
