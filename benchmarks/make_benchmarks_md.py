@@ -72,6 +72,11 @@ def header(stem: str, d: dict, path: Path) -> str:
     for k in ("wall_s", "seconds"):
         if isinstance(d.get(k), (int, float)):
             lines.append(f"- wall time: {d[k]:.0f} s")
+    if isinstance(d.get("total_train_wall_s"), (int, float)):
+        lines.append(
+            f"- training: {d['total_train_wall_s']:.0f} s summed over all runs (cached runs are reused; this invocation "
+            f"trained {d.get('runs_trained_this_invocation', '?')} and took {d.get('process_wall_s', float('nan')):.0f} s)"
+        )
     out = "\n".join(lines) + "\n"
     if fig:
         out += f"\n![{stem}]({fig})\n"
@@ -205,9 +210,11 @@ def regret_section(d: dict) -> str:
     for r in d["rules"]:
         ratio, v = calibration_verdict(r)
         pi = r.get("predicted_penalty_interval")
+        pw = r.get("predicted_penalty_weights")
         cal.append(
             [
                 r["name"],
+                f"{pw['no_drift']:.2f}" if pw else "—",
                 g(r.get("predicted_penalty")),
                 f"[{g(pi[0])}, {g(pi[1])}]" if pi else "—",
                 g(r.get("absolute_regret")),
@@ -219,6 +226,7 @@ def regret_section(d: dict) -> str:
     ct = md_table(
         [
             "rule",
+            "no-drift weight",
             "predicted penalty",
             "predicted interval",
             "measured regret (loss)",
@@ -265,6 +273,13 @@ def regret_section(d: dict) -> str:
         + ".\n\n"
         + spv
         + "\n\n### Predicted penalty against measured regret (calibration)\n\n"
+        + "The penalty is κ·E[(x_rule − x*)²] with x* = log lr* at the target estimated from the ladder; when the drift test "
+        + "abstains, x* is a BIC-weighted mixture of the no-drift mean and the log-linear trend (`no-drift weight`; "
+        + "`transfer/diagnostics.py: penalty_at_target`). "
+        + f"Within 2× where the measured regret is resolved: {sum(calibration_verdict(r)[1] == 'within 2×' for r in d['rules'])} "
+        + f"of {sum(calibration_verdict(r)[0] != '—' for r in d['rules'])}; "
+        + f"consistent with a regret within noise: {sum(calibration_verdict(r)[1].startswith('consistent') for r in d['rules'])} "
+        + f"of {sum(calibration_verdict(r)[0] == '—' for r in d['rules'])}.\n\n"
         + ct
         + "\n\n"
         + "\n".join(curves)

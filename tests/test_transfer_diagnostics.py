@@ -13,6 +13,7 @@ from hptransfer.transfer.diagnostics import (
     fit_drift,
     fit_log_linear,
     fit_loss_vs_width,
+    no_drift_weight,
     predicted_penalty,
 )
 from hptransfer.transfer.engine import optima_by_width
@@ -163,6 +164,38 @@ def test_predicted_penalty_is_kappa_times_bias_squared_plus_variance():
     assert realized.mean() == pytest.approx(off.mean, rel=0.03)
     assert np.mean((off.lo <= realized) & (realized <= off.hi)) == pytest.approx(0.95, abs=0.01)
     assert predicted_penalty(fit_optimum(GRID25, np.full(25, 2.0)), 1e-3) is None  # flat: no curvature
+
+
+def test_a_mixture_penalty_is_the_penalty_of_the_averaged_models():
+    """Model averaging (drift undecided): x* drawn from w·N(m0, s0²) + (1 − w)·N(m1, s1²)."""
+    v, loss, div = synthetic_trials(128, GRID25, noise=0.0, rng=np.random.default_rng(0))
+    fit = fit_optimum(v, loss, diverged=div)
+    k, x_rule = fit.curvature, math.log(fit.value)
+    comps = [(0.7, x_rule - 0.1, 0.15), (0.3, x_rule + 0.8, 0.6)]
+    p = predicted_penalty(fit, fit.value, mixture=comps)
+    assert p.mean == pytest.approx(k * sum(w * ((x_rule - m) ** 2 + s**2) for w, m, s in comps))
+    rng = np.random.default_rng(2)
+    pick = rng.random(40_000) < 0.7
+    xs = np.where(pick, x_rule - 0.1 + 0.15 * rng.standard_normal(40_000), x_rule + 0.8 + 0.6 * rng.standard_normal(40_000))
+    realized = k * (x_rule - xs) ** 2
+    assert realized.mean() == pytest.approx(p.mean, rel=0.03)
+    assert np.mean((p.lo <= realized) & (realized <= p.hi)) == pytest.approx(0.95, abs=0.01)
+    assert np.mean(realized < p.lo) == pytest.approx(0.025, abs=0.006)
+    # One component is the single-normal penalty, closed form and all.
+    one = predicted_penalty(fit, fit.value, mixture=[(1.0, x_rule - 0.5, 0.2)])
+    assert one == pytest.approx(predicted_penalty(fit, fit.value, estimate=fit.value * math.exp(-0.5), estimate_se=0.2))
+
+
+def test_no_drift_weight_follows_the_evidence_for_a_slope():
+    n = np.array(WIDTHS, float)
+    flat = no_drift_weight(WIDTHS, np.array([0.02, -0.03, 0.01, -0.01, 0.0]), np.full(5, 0.1))
+    assert 0.6 < flat < 0.8  # BIC: at zero slope the constant model is favoured by √5 to 1, no more
+    steep = no_drift_weight(WIDTHS, -1.0 * np.log(n), np.full(5, 0.1))
+    assert steep < 1e-6
+    # Scatter beyond the errors (Birge ratio > 1) is noise for both models, not evidence for a slope.
+    rng = np.random.default_rng(0)
+    noisy = 0.05 * np.log(n) + 0.5 * rng.standard_normal(5)
+    assert no_drift_weight(WIDTHS, noisy, np.full(5, 0.05)) > 0.2
 
 
 def test_warnings_edge_few_widths_nonconvex_divergence():
