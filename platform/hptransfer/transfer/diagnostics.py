@@ -361,15 +361,19 @@ def _mixture_sq_quantiles(w: np.ndarray, bias: np.ndarray, se: np.ndarray, ps: l
                 total += wk * float(chi2.cdf(t / s**2, 1) if lam < 1e-12 else ncx2.cdf(t / s**2, 1, lam))
         return total
 
+    if not (np.isfinite(bias).all() and np.isfinite(se).all() and np.isfinite(w).all()):
+        return [math.nan] * len(ps)  # a degenerate fit (e.g. an absurd loss): no interval, as ncx2 gives
     out = []
     hi = float(max(b * b + 40 * s * s + 40 * abs(b) * s for b, s in zip(bias, se))) + 1e-12
     for p in ps:
         if len(w) == 1 and se[0] > 0:  # one normal: the closed form
-            from scipy.stats import chi2, ncx2
-
             lam = bias[0] ** 2 / se[0] ** 2
             out.append(float(se[0] ** 2 * (chi2.ppf(p, 1) if lam < 1e-12 else ncx2.ppf(p, 1, lam))))
-        elif cdf(0.0) >= p:
+            continue
+        lo_cdf, hi_cdf = cdf(0.0), cdf(hi)
+        if not (math.isfinite(lo_cdf) and math.isfinite(hi_cdf)) or hi_cdf < p:
+            out.append(math.nan)
+        elif lo_cdf >= p:
             out.append(0.0)
         elif len(w) == 1:  # se = 0: the point mass
             out.append(float(bias[0] ** 2))

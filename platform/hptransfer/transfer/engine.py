@@ -60,7 +60,8 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
             f"column `seed` must hold integers 0..{MAX_SEED} (one per trial; drop the column for one "
             f"seed), got {bad.unique()[:5].tolist()}"
         )
-    df["status"] = df["status"].astype(str).str.strip().str.lower()
+    # an empty cell stays NaN through astype(str) on pandas ≥ 3: name it, so it is reported, not sorted against strings
+    df["status"] = df["status"].fillna("<empty>").astype(str).str.strip().str.lower()
     unknown = sorted(set(df["status"]) - STATUSES)
     if unknown:
         problems.append(f"column `status` has unknown value(s) {unknown}; allowed: {sorted(STATUSES)}")
