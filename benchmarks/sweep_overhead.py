@@ -229,6 +229,7 @@ def summarise(info: dict, startup: dict, runs: list[dict], complete: bool) -> di
             "batch_size": 16,
             "reports_per_trial": 4,
             "reuse_actors": _REUSE[0],
+            "widest_first": __import__("hptransfer.sweep.runner", fromlist=["WIDEST_FIRST"]).WIDEST_FIRST,
         },
         "ray_startup": startup,
         "headline": {
@@ -263,6 +264,12 @@ def main(argv: list[str]) -> dict:
         "write to results/sweep_overhead_fresh_actors.json",
     )
     ap.add_argument(
+        "--ascending-widths",
+        action="store_true",
+        help="what-if: start the narrowest trials first (run_sweep starts the widest first); "
+        "write to results/sweep_overhead_ascending_widths.json",
+    )
+    ap.add_argument(
         "--probe-only", action="store_true", help="only time a fresh trial process's start-up and merge it into an existing --out"
     )
     args = ap.parse_args(argv)
@@ -275,6 +282,12 @@ def main(argv: list[str]) -> dict:
         force_reuse_actors(False)
         if args.out == ap.get_default("out"):
             args.out = str(ROOT / "benchmarks" / "results" / "sweep_overhead_fresh_actors.json")
+    if args.ascending_widths:
+        import hptransfer.sweep.runner as runner
+
+        runner.WIDEST_FIRST = False
+        if args.out == ap.get_default("out"):
+            args.out = str(ROOT / "benchmarks" / "results" / "sweep_overhead_ascending_widths.json")
     sizes = [int(x) for x in args.trials.split(",")]
     info = machine_info([str(Path(__file__).relative_to(ROOT)), *argv])
     if args.probe_only:

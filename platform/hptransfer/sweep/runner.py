@@ -209,6 +209,9 @@ def run_sweep_task(study: Study, task: SweepTask, *, restart: bool = False, log=
 
 # --- the µTransfer sweep: widths × grid × seeds --------------------------------------------------
 
+# Trial order: widest first (False only for benchmarks/sweep_overhead.py --ascending-widths).
+WIDEST_FIRST = True
+
 
 def _scheduler(spec: StudySpec):
     from ray.tune.schedulers import ASHAScheduler
@@ -257,7 +260,9 @@ def lm_sweep_task(study: Study) -> SweepTask:
         experiment=SWEEP_EXPERIMENT,
         trainable=tune.with_parameters(tune_trainable, spec=spec, done_dir=str(study.paths.trials_done)),
         axes={
-            "width": list(spec.sweep.widths),
+            # Widest first: Tune starts trials in grid order, and the longest trials started last leave
+            # cores idle at the end of the sweep (longest-processing-time-first scheduling).
+            "width": sorted(spec.sweep.widths, reverse=WIDEST_FIRST),
             "seed": list(spec.sweep.seeds),
             **{hp: list(v) for hp, v in spec.sweep.grid.items()},
         },
@@ -285,7 +290,7 @@ def replicate_points(spec: StudySpec, df: pd.DataFrame) -> list[dict]:
         best = g.groupby(tuned)["val_loss"].mean().idxmin()
         best = dict(zip(tuned, best if isinstance(best, tuple) else (best,)))
         points += [{"width": int(width), **{k: float(v) for k, v in best.items()}, "seed": s} for s in new_seeds]
-    return points
+    return sorted(points, key=lambda p: -p["width"] if WIDEST_FIRST else p["width"])  # as the grid's order
 
 
 def noise_task(study: Study, points: list[dict]) -> SweepTask:
