@@ -290,7 +290,7 @@ def replicate_points(spec: StudySpec, df: pd.DataFrame) -> list[dict]:
         best = g.groupby(tuned)["val_loss"].mean().idxmin()
         best = dict(zip(tuned, best if isinstance(best, tuple) else (best,)))
         points += [{"width": int(width), **{k: float(v) for k, v in best.items()}, "seed": s} for s in new_seeds]
-    return sorted(points, key=lambda p: -p["width"] if WIDEST_FIRST else p["width"])  # as the grid's order
+    return sorted(points, key=lambda p: p["width"], reverse=WIDEST_FIRST)  # in the grid's order
 
 
 def noise_task(study: Study, points: list[dict]) -> SweepTask:

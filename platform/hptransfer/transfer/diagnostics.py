@@ -363,14 +363,13 @@ def _mixture_sq_quantiles(w: np.ndarray, bias: np.ndarray, se: np.ndarray, ps: l
 
     if not (np.isfinite(bias).all() and np.isfinite(se).all() and np.isfinite(w).all()):
         return [math.nan] * len(ps)  # a degenerate fit (e.g. an absurd loss): no interval, as ncx2 gives
+    if len(w) == 1 and se[0] > 0:  # one normal: the closed form
+        lam = bias[0] ** 2 / se[0] ** 2
+        return [float(se[0] ** 2 * q) for q in (chi2.ppf(ps, 1) if lam < 1e-12 else ncx2.ppf(ps, 1, lam))]
     out = []
     hi = float(max(b * b + 40 * s * s + 40 * abs(b) * s for b, s in zip(bias, se))) + 1e-12
+    lo_cdf, hi_cdf = cdf(0.0), cdf(hi)
     for p in ps:
-        if len(w) == 1 and se[0] > 0:  # one normal: the closed form
-            lam = bias[0] ** 2 / se[0] ** 2
-            out.append(float(se[0] ** 2 * (chi2.ppf(p, 1) if lam < 1e-12 else ncx2.ppf(p, 1, lam))))
-            continue
-        lo_cdf, hi_cdf = cdf(0.0), cdf(hi)
         if not (math.isfinite(lo_cdf) and math.isfinite(hi_cdf)) or hi_cdf < p:
             out.append(math.nan)
         elif lo_cdf >= p:
@@ -569,35 +568,29 @@ def penalty_at_target(
     if kfit is None or rule_value is None:
         return out
     widest = fits[max(fits)][hp]
-    mixture = None
-    if verdict["verdict"] in ("none", "undecided") and len(usable) >= (2 if verdict["verdict"] == "none" else 3):
+    verdict_name, weights = verdict["verdict"], None
+    if verdict_name == "none" or (verdict_name == "undecided" and len(usable) >= 3):  # "none" implies ≥ MIN_WIDTHS
         x = np.array([_x(fits[w][hp], log_scale) for w in usable])
         wts = 1 / np.array([fits[w][hp].log_se for w in usable]) ** 2
         est = float((wts * x).sum() / wts.sum())
         chi2_dof = float((wts * (x - est) ** 2).sum() / (len(x) - 1))
-        se, basis = math.sqrt(max(1.0, chi2_dof) / wts.sum()), "no drift: weighted mean of the uncensored optima"
-        if verdict["verdict"] == "undecided":
-            w0 = no_drift_weight(usable, x, 1 / np.sqrt(wts))
-            est1, se1 = f.predict(target_width), f.predict_se(target_width)
-            mixture = [(w0, est, se), (1 - w0, est1, se1)]
+        mixture = [(1.0, est, math.sqrt(max(1.0, chi2_dof) / wts.sum()))]
+        basis = "no drift: weighted mean of the uncensored optima"
+        if verdict_name == "undecided":
+            w0 = no_drift_weight(usable, x, 1 / np.sqrt(wts), trend=f)
+            mixture = [(w0, est, mixture[0][2]), (1 - w0, f.predict(target_width), f.predict_se(target_width))]
+            weights = {"no_drift": w0, "trend": 1 - w0}
             basis = (
                 f"drift undecided: no-drift mean of widths {usable} (weight {w0:.2f}) averaged with "
                 f"their log-linear trend at the target (weight {1 - w0:.2f})"
             )
-    elif verdict["verdict"] == "drift" and len(usable) >= 3:
-        est, se = f.predict(target_width), f.predict_se(target_width)
+    elif verdict_name == "drift" and len(usable) >= 3:
+        mixture = [(1.0, f.predict(target_width), f.predict_se(target_width))]
         basis = f"log-linear trend over widths {usable} at the target (drift)"
     else:
-        est, se = _x(widest, log_scale), widest.log_se or 0.0
+        mixture = [(1.0, _x(widest, log_scale), widest.log_se or 0.0)]
         basis = f"widest width {max(fits)} alone ({len(usable)} uncensored widths)"
-    p = predicted_penalty(
-        kfit,
-        rule_value,
-        log_scale=log_scale,
-        estimate=math.exp(est) if log_scale else est,
-        estimate_se=se,
-        mixture=mixture,
-    )
+    p = predicted_penalty(kfit, rule_value, log_scale=log_scale, mixture=mixture)
     return {
         **out,
         "predicted_penalty": p.mean,
@@ -605,20 +598,21 @@ def penalty_at_target(
         "predicted_penalty_basis": basis,
         "predicted_penalty_bias": p.bias,
         "predicted_penalty_se": p.se,
-        "predicted_penalty_weights": None if mixture is None else {"no_drift": mixture[0][0], "trend": mixture[1][0]},
+        "predicted_penalty_weights": weights,
     }
 
 
-def no_drift_weight(widths, x, se) -> float:
+def no_drift_weight(widths, x, se, trend: LogLinearFit | None = None) -> float:
     """Weight of "the optimum does not move" against "it moves log-linearly" when the drift test
     abstains: BIC model averaging (Raftery 1995), w₀ = 1 / (1 + exp(−ΔBIC/2)) with
         ΔBIC = BIC(constant) − BIC(trend) = (χ²₀ − χ²₁)/s − ln k,
     k widths, χ² with the optima's own errors, s the trend's Birge ratio max(1, χ²₁/(k − 2)) — scatter
-    beyond the errors is noise for both models, as in an F-test, not evidence for the slope."""
+    beyond the errors is noise for both models, as in an F-test, not evidence for the slope.
+    `trend`: fit_log_linear(widths, x, se) when the caller has it already."""
     x, se = np.asarray(x, float), np.asarray(se, float)
     w = 1 / se**2
     chi0 = float((w * (x - (w * x).sum() / w.sum()) ** 2).sum())
-    f = fit_log_linear(widths, x, se)
+    f = trend if trend is not None else fit_log_linear(widths, x, se)
     chi1 = float((w * (x - np.array([f.predict(n) for n in widths])) ** 2).sum())
     s = max(1.0, chi1 / max(len(x) - 2, 1))
     d_bic = (chi0 - chi1) / s - math.log(len(x))
