@@ -6,7 +6,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hptransfer.transfer.engine import ResultsError, check_results, make_plan, optima_by_width, standalone_spec
+from hptransfer.transfer.engine import (
+    ResultsError,
+    check_results,
+    check_results_belong,
+    make_plan,
+    optima_by_width,
+    read_results,
+    standalone_spec,
+)
 from hptransfer.transfer.synthetic import synthetic_sweep
 
 GRID = list(np.geomspace(1e-4, 1e-1, 13))
@@ -53,3 +61,16 @@ def test_all_problems_of_a_table_are_reported_at_once():
         check_results(df, ["lr"])
     assert len(e.value.problems) == 2
     assert "status" in e.value.problems[0] and "`lr` must be > 0" in e.value.problems[1]
+
+
+def test_a_hash_that_looks_like_a_number_is_read_back_as_text(tmp_path):
+    """A sweep hash of hex digits with one `e` (72526379e0394572) parses as a float (inf) unless the
+    reader keeps identifiers as text; the study then refused its own results (seen in CI)."""
+    df = synthetic_sweep([32, 64], list(np.geomspace(1e-3, 1e-1, 5)), noise=0.0)
+    df["spec_hash"], df["trial_id"] = "72526379e0394572", "1e5"
+    path = tmp_path / "sweep_results.csv"
+    df.to_csv(path, index=False)
+    back = read_results(path)
+    assert set(back["spec_hash"]) == {"72526379e0394572"} and set(back["trial_id"]) == {"1e5"}
+    spec = standalone_spec(back, rule="mup", target_width=256, model={"family": "mlp"})
+    check_results_belong(back, spec, "72526379e0394572", str(path))  # its own sweep: accepted

@@ -263,12 +263,12 @@ def _dp(spec) -> str:
 def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Callable[[str], None] = print) -> Path:
     """Write study_dir/report/index.html and its PNGs; log the folder to the study's MLflow sweep
     parent run when `tracking_uri` is given. Returns the path of index.html."""
-    import pandas as pd
 
     from hptransfer.io import write_atomic
     from hptransfer.plan import load_plan
     from hptransfer.report.figures import plot_optimum, plot_transfer
     from hptransfer.spec import load_spec
+    from hptransfer.transfer.engine import read_results
 
     study = Path(study_dir).resolve()
     paths = StudyPaths(study)
@@ -288,7 +288,7 @@ def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Ca
         "<h2>µTransfer plot</h2>",
     ]
     if results.is_file():
-        df = pd.read_csv(results)
+        df = read_results(results)  # the one reader: identifiers stay text
         target_loss = final.get("val_loss") if final else None
         plot_transfer(df, spec, plan, target_loss, paths.report_transfer_png)
         parts.append(

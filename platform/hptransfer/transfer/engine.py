@@ -402,6 +402,9 @@ def standalone_spec(
     return parse_spec(data, source=f"{source} (as a study)")
 
 
+ID_COLUMNS = ("spec_hash", "trial_id")  # text columns of a results table, whatever they look like
+
+
 def read_results(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
@@ -409,5 +412,6 @@ def read_results(path: str | Path) -> pd.DataFrame:
     if path.suffix.lower() == ".parquet":
         return pd.read_parquet(path)
     if path.suffix.lower() in (".csv", ".txt"):
-        return pd.read_csv(path)
+        # Identifiers stay text: a hex hash such as 72526379e0394572 would otherwise parse as a float (inf).
+        return pd.read_csv(path, dtype=dict.fromkeys(ID_COLUMNS, str))
     raise ResultsError(str(path), [f"unknown table format {path.suffix!r}; use .csv or .parquet"])
