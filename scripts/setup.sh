@@ -16,6 +16,17 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # mup declares torchvision but never imports it; a torchvision that does not match the CPU
   # torch breaks `import transformers` (operator torchvision::nms does not exist).
   python -m pip uninstall -y -q torchvision || true
+  # Build once here what the first run would otherwise build or cache on the clock, in the folders
+  # hptransfer.env.configure points every process at: DeepSpeed's shared-memory collective op
+  # (JIT-compiled by the first deepspeed.initialize on the CPU accelerator, ~27 s) and matplotlib's
+  # font cache. The builder returns None where the accelerator has no such op (e.g. CUDA).
+  TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}" MPLCONFIGDIR="${MPLCONFIGDIR:-$PWD/.venv/mplconfig}" \
+    python -c "
+import matplotlib.font_manager
+from deepspeed.accelerator import get_accelerator
+b = get_accelerator().create_op_builder('ShareMemCommBuilder')
+b is None or b.load(verbose=False)
+" >/dev/null
   echo "$want" > "$stamp"
 fi
 python -c "import platform, hptransfer; platform.system()"

@@ -1,0 +1,141 @@
+"""The ladder's trials as one Ray Tune run: the grid (widths × seeds × hyperparameter values), and
+each width's seed replicates as soon as that width's grid is done.
+
+The replicates rerun a width's best grid point (seed-averaged loss) with new seeds: they measure
+the sweep's own loss noise, which the transfer engine's intervals need. Which point they rerun is
+known only once the width's grid has finished, so they cannot be a grid axis; a second Tune run for
+them (as before) paid a cold start of every trial process (the quickstart's replicates started 27 s
+after its grid ended) and left cores idle while the grid's last trials ran. `LadderSearcher` is a
+Tune `Searcher` instead: it hands out grid points first, widest first (longest-processing-time
+first, so the last trials to finish are short ones), queues a width's replicates the moment its
+last grid trial completes, and says FINISHED when everything was handed out.
+
+Resume: Tune saves the searcher's state (`get_state`) in the same experiment checkpoint as its trial
+list, so after a crash both agree; a trial that completed after that checkpoint is re-queued by Tune
+and replays its result from its `trials_done/` marker (sweep/trial.py), which reaches
+`on_trial_complete` again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+from pathlib import Path
+from typing import Any
+
+from ray.tune.search import Searcher
+
+
+def point_key(point: dict) -> str:
+    """A trial's identity within the ladder: the point itself (width, tuned values, seed, replicate)."""
+    return json.dumps(point, sort_keys=True)
+
+
+def best_point(rows: list[dict], tuned: list[str]) -> dict | None:
+    """The grid point of lowest seed-averaged loss over `rows` (one width's finished grid trials,
+    each {tuned values..., "val_loss", "ok"}); None when no trial ended ok."""
+    sums: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r["ok"] and math.isfinite(r["val_loss"]):
+            sums.setdefault(tuple(r[k] for k in tuned), []).append(r["val_loss"])
+    if not sums:
+        return None
+    best = min(sums, key=lambda p: sum(sums[p]) / len(sums[p]))
+    return dict(zip(tuned, best))
+
+
+class LadderSearcher(Searcher):
+    """Grid points in the given order, then each width's `replicate_seeds` at its best point.
+
+    `grid` is the full list of grid configs (each with "width", "seed" and the tuned values), in
+    the order they should start; `width_rank` orders replicates among the remaining grid points (a
+    replicate of a wide width goes before the grid points of narrower ones). `ok(result)` says
+    whether a finished trial's loss counts (a diverged or failed trial does not)."""
+
+    def __init__(
+        self,
+        grid: list[dict],
+        tuned: list[str],
+        replicate_seeds: list[int],
+        width_rank: dict[int, int],
+        *,
+        metric: str = "val_loss",
+        mode: str = "min",
+        ok=None,
+    ):
+        super().__init__(metric=metric, mode=mode)
+        self.tuned, self.replicate_seeds, self.width_rank = list(tuned), list(replicate_seeds), dict(width_rank)
+        self.ok = ok or (lambda result: result.get("status", "ok") == "ok")
+        self.queue: list[dict] = [{**p, "replicate": False} for p in grid]
+        self.grid_left: dict[int, int] = {}  # width -> grid trials not yet completed
+        for p in grid:
+            self.grid_left[p["width"]] = self.grid_left.get(p["width"], 0) + 1
+        self.finished_rows: dict[int, list[dict]] = {}  # width -> its completed grid trials
+        self.live: dict[str, dict] = {}  # Tune trial id -> the point it runs
+        self.done: set[str] = set()  # point keys completed (a replayed completion is counted once)
+
+    def planned_total(self) -> int:
+        """Trials the ladder runs when every width has an ok grid point (for progress lines)."""
+        return sum(self.grid_left.values()) + len(self.done) + len(self.grid_left) * len(self.replicate_seeds)
+
+    # --- Tune's Searcher interface -----------------------------------------------------------
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        if self.queue:
+            point = self.queue.pop(0)
+            self.live[trial_id] = point
+            return dict(point)
+        if self.live or any(self.grid_left.values()):
+            return None  # a width's grid is still running: its replicates are not known yet
+        return Searcher.FINISHED
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        point = self.live.pop(trial_id, None)
+        if point is None:
+            return
+        key = point_key(point)
+        if key in self.done:
+            return
+        self.done.add(key)
+        if point["replicate"]:
+            return
+        width = point["width"]
+        r = result or {}
+        val = r.get(self.metric)
+        self.finished_rows.setdefault(width, []).append(
+            {
+                **{k: point[k] for k in self.tuned},
+                "val_loss": float(val) if isinstance(val, (int, float)) else math.nan,
+                "ok": not error and bool(r) and self.ok(r),
+            }
+        )
+        self.grid_left[width] -= 1
+        if self.grid_left[width] == 0 and self.replicate_seeds:
+            best = best_point(self.finished_rows[width], self.tuned)
+            if best is not None:
+                self._enqueue([{"width": width, **best, "seed": s, "replicate": True} for s in self.replicate_seeds])
+
+    def _enqueue(self, points: list[dict]) -> None:
+        """Insert before the first queued point of a narrower width (in `width_rank`), so the
+        widest work still starts first."""
+        rank = self.width_rank[points[0]["width"]]
+        at = next((i for i, q in enumerate(self.queue) if self.width_rank[q["width"]] > rank), len(self.queue))
+        self.queue[at:at] = points
+
+    # --- state, for Tune's experiment checkpoints --------------------------------------------
+
+    _STATE = ("queue", "grid_left", "finished_rows", "live", "done")
+
+    def get_state(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self._STATE}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        for k in self._STATE:
+            setattr(self, k, state[k])
+
+    def save(self, checkpoint_path: str) -> None:
+        Path(checkpoint_path).write_bytes(pickle.dumps(self.get_state()))
+
+    def restore(self, checkpoint_path: str) -> None:
+        self.set_state(pickle.loads(Path(checkpoint_path).read_bytes()))
