@@ -91,7 +91,7 @@ def slope_interval(optima: dict) -> tuple[float, float, float] | None:
     per-width optima in the JSON; optima on the grid edge are bounds, not points, and are left out."""
     from scipy.stats import t as student
 
-    from hptransfer.transfer.diagnostics import fit_log_linear
+    from hptransfer.transfer.fitting import fit_log_linear
 
     pts = sorted((int(w), o["fitted_lr"]) for w, o in optima.items() if not o.get("on_edge"))
     if len(pts) < 3:
@@ -275,7 +275,7 @@ def regret_section(d: dict) -> str:
         + "\n\n### Predicted penalty against measured regret (calibration)\n\n"
         + "The penalty is κ·E[(x_rule − x*)²] with x* = log lr* at the target estimated from the ladder; when the drift test "
         + "abstains, x* is a BIC-weighted mixture of the no-drift mean and the log-linear trend (`no-drift weight`; "
-        + "`transfer/diagnostics.py: penalty_at_target`). "
+        + "`transfer/penalty.py: penalty_at_target`). "
         + f"Within 2× where the measured regret is resolved: {sum(calibration_verdict(r)[1] == 'within 2×' for r in d['rules'])} "
         + f"of {sum(calibration_verdict(r)[0] != '—' for r in d['rules'])}; "
         + f"consistent with a regret within noise: {sum(calibration_verdict(r)[1].startswith('consistent') for r in d['rules'])} "

@@ -49,7 +49,7 @@ def optima(results: dict, grid: list[float]) -> dict[int, dict]:
 
 
 def drift_summary(opt: dict[int, dict]) -> dict:
-    from hptransfer.transfer.diagnostics import fit_log_linear
+    from hptransfer.transfer.fitting import fit_log_linear
 
     ws = sorted(opt)
     idx = [opt[w]["grid_index"] for w in ws]

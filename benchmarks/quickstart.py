@@ -5,7 +5,7 @@ grid seed; its noise replicates follow) runs as the README's user runs it — th
 in a fresh process and a fresh study folder, so the wall time includes imports, Ray's start and
 MLflow. Recorded per seed: the wall time and the stage times `hpt run` prints, the target's final
 validation loss, the ladder's best (seed-averaged) loss, the plan's predicted target-loss interval,
-and `transfer.diagnostics.check_target`'s verdict — the same check `hpt run` prints.
+and `transfer.target_check.check_target`'s verdict — the same check `hpt run` prints.
 
 Goals (issues 12 and 15): `hpt run` ≤ 180 s on 2 cores; over the 3 seeds the 4×-wider target beats
 its ladder's best and lands inside the predicted interval. The verdicts are computed by
@@ -42,7 +42,7 @@ def _ladder_best(csv: Path) -> dict[str, float]:
 
 def run_seed(spec: dict, seed: int, work: Path) -> dict:
     from hptransfer.plan import load_plan
-    from hptransfer.transfer.diagnostics import check_target
+    from hptransfer.transfer.target_check import check_target
 
     d = work / f"seed{seed}"
     shutil.rmtree(d, ignore_errors=True)
@@ -64,8 +64,8 @@ def run_seed(spec: dict, seed: int, work: Path) -> dict:
     times = {k: float(v) for k, v in (kv.split("=") for kv in m.group(1).split(", "))} if m else {}
     plan = load_plan(study / "transfer_plan.yaml")
     final = json.loads((study / "train" / "train_metrics.json").read_text())["final"]
-    diag = plan.diagnostics
-    check = check_target(diag, final.get("val_loss"))
+    diag = plan.diagnostics.model_dump(mode="json")  # the same JSON as the plan file
+    check = check_target(plan.diagnostics, final.get("val_loss"))
     console_lines = r.stdout.count("\n") + r.stderr.count("\n")
     return {
         "seed": seed,

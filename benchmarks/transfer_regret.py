@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> dict:
         per_seed_regret[name] = [x / mean_best for x in diffs] if ok else None
         rel = t_interval(per_seed_regret[name]) if ok else (None, None, None)
         ab = t_interval(diffs) if ok else (None, None, None)
-        diag = plan.diagnostics
+        diag = plan.diagnostics.model_dump(mode="json")  # the same JSON as the plan file
         out["rules"].append(
             {
                 "name": name,

@@ -19,8 +19,9 @@ from functools import cache
 import numpy as np
 import pytest
 
-from hptransfer.transfer.diagnostics import diagnose, penalty_at_target
+from hptransfer.transfer.diagnostics import diagnose
 from hptransfer.transfer.optimum import fit_optimum
+from hptransfer.transfer.penalty import penalty_at_target
 from hptransfer.transfer.rules import RULES, Evidence, Target
 from hptransfer.transfer.synthetic import synthetic_trials, true_optimum
 
@@ -96,10 +97,10 @@ def simulate(name: str) -> dict:
             {"lr": fits[max(widths)].value},
             seed=d,
         )
-        drift[out["drift_verdict"]["verdict"]] += 1
-        fast[str(out["fast_transfer"])] += 1
+        drift[out.drift_verdict.verdict] += 1
+        fast[str(out.fast_transfer)] += 1
         for r in penalty_rules:
-            pen[r].append(_penalty(r, fits, out["drift_verdict"], power))
+            pen[r].append(_penalty(r, fits, out.drift_verdict.model_dump(), power))
     return {
         "drift": {k: v / DRAWS for k, v in drift.items()},
         "fast": {k: v / DRAWS for k, v in fast.items()},

@@ -198,9 +198,11 @@ def test_report_escapes_every_string_from_plan_and_coord_check(tmp_path):
     d["primary"] = HOSTILE_TEX
     d["optimum_by_width"] = {w: {HOSTILE_TEX: per["lr"]} for w, per in d["optimum_by_width"].items()}
     d["trials_by_width"] = {w: {HOSTILE: 1} for w in d["optimum_by_width"]}
-    d["optimum_trend"] = {HOSTILE_TEX: {"slope": HOSTILE, "slope_se": 0.1}}
-    d["warnings"], d["notes"] = [HOSTILE], [HOSTILE, {"nested": HOSTILE}]
-    d["fast_transfer_test"], d["source_width"] = HOSTILE, HOSTILE
+    # Strings go where the typed diagnostics hold text (a string for a number is refused at load:
+    # tests/test_transfer_plan_files.py).
+    d["optimum_trend"] = {HOSTILE_TEX: {"slope": 0.1, "slope_se": 0.1}}
+    d["warnings"], d["notes"] = [HOSTILE], [HOSTILE, HOSTILE]
+    d["fast_transfer_test"], d["predicted_penalty_basis"] = HOSTILE, HOSTILE
     plan_path.write_text(yaml.safe_dump(plan))
     coord = json.loads((study / "coord_check.json").read_text())
     coord.update(steps=HOSTILE, worst_module=HOSTILE, widths=[HOSTILE], max_slope_allowed=HOSTILE)
@@ -211,7 +213,7 @@ def test_report_escapes_every_string_from_plan_and_coord_check(tmp_path):
     assert "<script" not in html.lower() and "alert(1)</" not in html
     escaped = "&lt;script&gt;alert(1)&lt;/script&gt;"
     # each hostile value is shown, escaped: header, two diagnostics rows, trials, warnings, notes,
-    # test, source width, coordinate check (steps, module, widths, allowed slope)
+    # test, coordinate check (steps, module, widths, allowed slope)
     assert html.count(escaped) >= 12, html.count(escaped)
     coord_box = html.split("<h2>Coordinate check</h2>")[1]
     assert f"{escaped} Adam steps" in coord_box and f"({escaped})" in coord_box

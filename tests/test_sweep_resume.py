@@ -137,5 +137,5 @@ def test_the_sweep_measures_its_own_noise_at_each_best_point(ray_local, tmp_path
     study.paths.spec.write_text(yaml.safe_dump(spec.model_dump(mode="json")))
     plan = transfer_stage(study)
     for w in ("16", "32"):
-        fit = plan.diagnostics["optimum_by_width"][w]["lr"]
-        assert fit["noise_source"] == "seed replicates" and fit["noise"] > 0 and fit["n_seeds"] == 3
+        fit = plan.diagnostics.optimum_by_width[w]["lr"]
+        assert fit.noise_source == "seed replicates" and fit.noise > 0 and fit.n_seeds == 3

@@ -7,18 +7,13 @@ import numpy as np
 import pytest
 
 from hptransfer.hyperparameters import LOG_SCALE
-from hptransfer.transfer.diagnostics import (
-    diagnose,
-    drift_verdict,
-    fit_drift,
-    fit_log_linear,
-    fit_loss_vs_width,
-    no_drift_weight,
-    predicted_penalty,
-)
+from hptransfer.transfer.diagnostics import diagnose
 from hptransfer.transfer.engine import optima_by_width
+from hptransfer.transfer.fitting import fit_drift, fit_log_linear, fit_loss_vs_width
 from hptransfer.transfer.optimum import fit_optimum
+from hptransfer.transfer.penalty import no_drift_weight, predicted_penalty
 from hptransfer.transfer.synthetic import synthetic_sweep, synthetic_trials
+from hptransfer.transfer.verdicts import drift_verdict
 
 WIDTHS = [32, 64, 128, 256, 512]
 
@@ -100,33 +95,33 @@ GRID25 = list(np.geomspace(1e-4, 1e-1, 25))
 
 def test_no_drift_is_fast_and_its_penalty_prices_only_the_uncertainty():
     d = _diag(synthetic_sweep(WIDTHS, GRID25, B=0.0))
-    assert d["drift_verdict"]["verdict"] == "none" and d["fast_transfer"] is True
-    assert d["loss_fit"]["alpha"] == pytest.approx(0.5, rel=0.02)
+    assert d.drift_verdict.verdict == "none" and d.fast_transfer is True
+    assert d.loss_fit.alpha == pytest.approx(0.5, rel=0.02)
     # The rule lands on the pooled estimate (bias 0), yet the penalty is κ·se², not 0.
-    assert d["predicted_penalty_bias"] == pytest.approx(0, abs=1e-9)
-    assert d["predicted_penalty"] == pytest.approx(d["curvature"] * d["predicted_penalty_se"] ** 2)
-    lo, hi = d["predicted_penalty_interval"]
-    assert 0 <= lo < d["predicted_penalty"] < hi
-    assert d["warnings"] == []
+    assert d.predicted_penalty_bias == pytest.approx(0, abs=1e-9)
+    assert d.predicted_penalty == pytest.approx(d.curvature * d.predicted_penalty_se**2)
+    lo, hi = d.predicted_penalty_interval
+    assert 0 <= lo < d.predicted_penalty < hi
+    assert d.warnings == []
 
 
 def test_fast_and_slow_drift_are_told_apart_when_the_evidence_allows():
     # ν* ∝ 1/n forever (β → 0 < α/2): detected drift, not fast, and the mup rule is warned off.
     slow = _diag(synthetic_sweep(WIDTHS, GRID25, power=-1.0))
-    assert slow["drift_verdict"]["verdict"] == "drift" and slow["fast_transfer"] is False
-    assert slow["fast_transfer_interval"][1] < 0
-    assert any("drifts with width" in w and "power-law" in w for w in slow["warnings"])
+    assert slow.drift_verdict.verdict == "drift" and slow.fast_transfer is False
+    assert slow.fast_transfer_interval[1] < 0
+    assert any("drifts with width" in w and "power-law" in w for w in slow.warnings)
     # A drift that dies out as 1/n (β = 1 > α/2 = 0.25): visible on the ladder, but fast.
     fast = _diag(synthetic_sweep(WIDTHS, GRID25, B=30.0, beta=1.0))
-    assert fast["drift_verdict"]["verdict"] == "drift" and fast["fast_transfer"] is True
-    assert fast["fast_transfer_interval"][0] > 0
-    assert not any("drifts with width" in w for w in fast["warnings"])
+    assert fast.drift_verdict.verdict == "drift" and fast.fast_transfer is True
+    assert fast.fast_transfer_interval[0] > 0
+    assert not any("drifts with width" in w for w in fast.warnings)
     # A slow decay (β = 0.1 < α/2 = 0.5) that 5 widths cannot pin down: never called fast.
     slow_decay = _diag(synthetic_sweep(WIDTHS, GRID25, B=3.0, beta=0.1, alpha=1.0))
-    assert slow_decay["drift_verdict"]["verdict"] == "drift" and slow_decay["fast_transfer"] in (False, "undecided")
+    assert slow_decay.drift_verdict.verdict == "drift" and slow_decay.fast_transfer in (False, "undecided")
     # Penalty at the target ≈ κ·(true gap)² (the trend extrapolates the optimum; the rule does not).
     true_gap = 3.0 * (512**-0.1 - 4096**-0.1)
-    assert 0.08 * true_gap**2 / 3 < slow_decay["predicted_penalty"] < 0.08 * true_gap**2 * 3
+    assert 0.08 * true_gap**2 / 3 < slow_decay.predicted_penalty < 0.08 * true_gap**2 * 3
 
 
 def test_capped_optima_are_bounds_not_evidence_of_drift():
@@ -137,16 +132,16 @@ def test_capped_optima_are_bounds_not_evidence_of_drift():
         WIDTHS, GRID25, nu_inf=3e-2, noise=0.003, seeds=(0, 1, 2), diverge_above=lambda n: 1.1e-2 * (n / 32) ** -0.15, rng_seed=4
     )
     d = _diag(df)
-    assert set(d["censored_widths"]["lr"].values()) == {"lower"} and d["usable_widths"] == []
-    assert d["drift_verdict"]["verdict"] == "undecided" and d["fast_transfer"] == "undecided"
-    assert not any("drifts with width" in w and "power-law" in w for w in d["warnings"])
-    assert d["predicted_penalty"] > 0  # the widest width's own (censored) uncertainty, not zero
+    assert set(d.censored_widths["lr"].values()) == {"lower"} and d.usable_widths == []
+    assert d.drift_verdict.verdict == "undecided" and d.fast_transfer == "undecided"
+    assert not any("drifts with width" in w and "power-law" in w for w in d.warnings)
+    assert d.predicted_penalty > 0  # the widest width's own (censored) uncertainty, not zero
 
 
 def test_three_widths_never_decide():
     d = _diag(synthetic_sweep(WIDTHS[:3], GRID25, power=-1.0))  # a blatant drift, but 3 widths
-    assert d["drift_verdict"]["verdict"] == "undecided" and d["fast_transfer"] == "undecided"
-    assert "interpolates" in d["fast_transfer_reason"]
+    assert d.drift_verdict.verdict == "undecided" and d.fast_transfer == "undecided"
+    assert "interpolates" in d.fast_transfer_reason
 
 
 def test_predicted_penalty_is_kappa_times_bias_squared_plus_variance():
@@ -201,26 +196,27 @@ def test_no_drift_weight_follows_the_evidence_for_a_slope():
 def test_warnings_edge_few_widths_nonconvex_divergence():
     grid = list(np.geomspace(1e-4, 1e-2, 9))
     d = _diag(synthetic_sweep([32, 64], grid, nu_inf=5e-2))  # optimum above the grid; 2 widths
-    text = " | ".join(d["warnings"])
+    text = " | ".join(d.warnings)
     assert "grid edge; extend sweep.grid.lr" in text
-    assert "only 2 widths" in text and d["fast_transfer"] == "undecided"
+    assert "only 2 widths" in text and d.fast_transfer == "undecided"
     df = synthetic_sweep([32, 64, 128], list(np.geomspace(1e-4, 1e-1, 13)), nu_inf=2e-2, diverge_above=lambda n: 1.1e-2)
-    text = " | ".join(_diag(df)["warnings"])
+    text = " | ".join(_diag(df).warnings)
     assert "diverged" in text and "stability edge" in text
     bumpy = synthetic_sweep([32, 64, 128], list(np.geomspace(1e-4, 1e-1, 13)))
     bumpy.loc[(bumpy["width"] == 64) & np.isclose(bumpy["lr"], bumpy["lr"].unique()[5]), "val_loss"] += 1.0
-    assert "not convex" in " | ".join(_diag(bumpy)["warnings"])
+    assert "not convex" in " | ".join(_diag(bumpy).warnings)
 
 
 def test_wider_is_better_is_checked_after_the_large_run():
-    from hptransfer.transfer.diagnostics import check_target
+    from hptransfer.plan_diagnostics import Diagnostics
+    from hptransfer.transfer.target_check import check_target
 
-    d = {"predicted_target_loss_interval": [2.40, 2.50], "ladder_best_loss": 2.60}
+    d = Diagnostics(predicted_target_loss_interval=(2.40, 2.50), ladder_best_loss=2.60)
     assert check_target(d, 2.45)["verdict"] == "ok"
     assert check_target(d, 2.55)["verdict"] == "worse than predicted"
     worse = check_target(d, 2.70)
     assert worse["verdict"] == "worse than predicted" and any("WORSE than the ladder" in m for m in worse["messages"])
-    assert check_target({"ladder_best_loss": 2.6}, 2.7)["verdict"] == "worse than the ladder"
+    assert check_target(Diagnostics(ladder_best_loss=2.6), 2.7)["verdict"] == "worse than the ladder"
     assert check_target(d, float("nan"))["verdict"] == "unchecked"
 
 
@@ -237,6 +233,6 @@ def test_the_plan_predicts_the_target_loss_with_an_interval():
         loss = best + 0.08 * (np.log(grid) - np.log(1e-2)) ** 2
         fits[w] = {"lr": fit_optimum(np.repeat(grid, 2), np.repeat(loss, 2) + np.tile([0.01, -0.01], 9), True)}
     d = diagnose(fits, ["lr"], {"lr"}, "mup", "mup", 256, 1024)
-    lo, hi = d["predicted_target_loss_interval"]
+    lo, hi = d.predicted_target_loss_interval
     assert lo < 2.0 + 8.0 * 1024**-0.5 < hi and hi - lo < 0.2
-    assert d["ladder_best_loss"] == pytest.approx(min(f["lr"].best_loss for f in fits.values()), abs=0.05)
+    assert d.ladder_best_loss == pytest.approx(min(f["lr"].best_loss for f in fits.values()), abs=0.05)

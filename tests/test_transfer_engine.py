@@ -51,7 +51,7 @@ def test_two_tuned_hyperparameters_are_each_recovered():
     plan = make_plan(standalone_spec(df, rule="mup", target_width=512, model={"family": "mlp"}), df)
     assert plan.hyperparameters["lr"] == pytest.approx(3e-3, rel=1e-6)
     assert plan.hyperparameters["weight_decay"] == pytest.approx(0.1, rel=1e-6)
-    assert plan.diagnostics["tuned"] == ["lr", "weight_decay"]
+    assert plan.diagnostics.tuned == ["lr", "weight_decay"]
 
 
 def test_all_problems_of_a_table_are_reported_at_once():

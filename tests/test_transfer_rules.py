@@ -11,7 +11,7 @@ from hptransfer.spec import DEFAULT_HPS
 from hptransfer.transfer.engine import make_plan, standalone_spec
 from hptransfer.transfer.heuristics import adjust_for_batch_and_steps
 from hptransfer.transfer.rules import RULES, Evidence, Target, group_multipliers
-from hptransfer.transfer.schedule import default_timescale, sp_warmup_factor, steps_to_half, warmup_multiplier
+from hptransfer.transfer.schedule import sp_warmup_factor, steps_to_half, warmup_multiplier
 from hptransfer.transfer.synthetic import synthetic_sweep, true_optimum
 
 WIDTHS = [32, 64, 128, 256]
@@ -105,7 +105,7 @@ def test_each_rule_recovers_a_width_invariant_optimum(rule):
     spec = standalone_spec(df, rule=rule, target_width=2048, model={"family": "mlp", "parametrization": PARAM.get(rule, "mup")})
     plan = make_plan(spec, df)
     assert abs(math.log(plan.hyperparameters["lr"] / 3e-3)) < 0.25  # within ~25%; grid step is ×1.78
-    assert plan.diagnostics["trials_by_width"]["32"]["diverged"] > 0
+    assert plan.diagnostics.trials_by_width["32"]["diverged"] > 0
 
 
 def test_power_law_recovers_a_drifting_optimum_that_mup_misses():
@@ -126,7 +126,7 @@ def test_power_law_recovers_a_drifting_optimum_that_mup_misses():
         plan = make_plan(standalone_spec(df, rule=rule, target_width=4096, model={"family": "mlp"}), df)
         errs[rule] = abs(math.log(plan.hyperparameters["lr"] / truth))
         if rule == "mup":
-            assert any("drifts with width" in w for w in plan.diagnostics["warnings"])
+            assert any("drifts with width" in w for w in plan.diagnostics.warnings)
     assert errs["power-law"] < 0.2 < errs["mup"]
 
 
@@ -146,7 +146,7 @@ def test_sp_warmup_schedule_matches_paper3_formula():
     s = res.schedule
     m, eta_lambda = 1024 / 256, 4e-3 * 0.1
     assert s["m"] == m and s["eta_lambda"] == pytest.approx(eta_lambda)
-    assert s["timescale"] == pytest.approx(default_timescale(eta_lambda))
+    assert s["timescale"] == pytest.approx(-1 / math.log(1 - eta_lambda))  # (1 − ηλ)^{2t} = exp(−2t/τ): τ ≈ 2499.5
     plan = {"schedule": s}
     for t in (0, 10, 1000, 5000):  # s_t = (1 + (m² − 1)(1 − ηλ)^{2t})^{−1/2}
         assert warmup_multiplier(t, plan) == pytest.approx((1 + (m * m - 1) * (1 - eta_lambda) ** (2 * t)) ** -0.5)
@@ -245,7 +245,9 @@ def test_sp_warmup_caps_a_timescale_longer_than_the_run():
     ev = evidence("sp-warmup", slope=0.0, wd=0.1)
     res = RULES["sp-warmup"](ev, target(1024, steps=1000))  # τ = 1/(ηλ) ≈ 2500 steps: 1/√2 at ≈ 3385
     s = res.schedule
-    assert s["timescale_uncapped"] == pytest.approx(default_timescale(4e-3 * 0.1))
+    assert s["timescale_uncapped"] == pytest.approx(-1 / math.log(1 - 4e-3 * 0.1))  # τ = −1/ln(1 − ηλ) ≈ 2499.5
+    # capped so that t½ = τ·ln(m² − 1)/2 = 1000 steps, m = 1024/256 = 4: τ = 2·1000/ln 15
+    assert s["timescale"] == pytest.approx(2000 / math.log(15))
     assert s["steps_to_half"] == pytest.approx(1000) and steps_to_half(s["m"], s["timescale"]) == pytest.approx(1000)
     assert warmup_multiplier(1000, {"schedule": s}) == pytest.approx(2**-0.5)
     assert "capped" in s["timescale_source"] and any("capped the timescale" in w for w in res.warnings)

@@ -82,10 +82,14 @@ def _log_plan(study: Study, plan) -> str | None:
     tracker.log_params({"transfer_rule": plan.rule, "target_width": plan.target.width})
     metrics = {f"transfer_{k}": v for k, v in plan.hyperparameters.items()}
     metrics.update(
-        {f"transfer_{k}": d[k] for k in ("predicted_penalty", "predicted_target_loss") if isinstance(d.get(k), (int, float))}
+        {
+            f"transfer_{k}": v
+            for k, v in (("predicted_penalty", d.predicted_penalty), ("predicted_target_loss", d.predicted_target_loss))
+            if v is not None
+        }
     )
-    if isinstance(d.get("fast_transfer"), bool):
-        metrics["transfer_fast"] = float(d["fast_transfer"])
+    if isinstance(d.fast_transfer, bool):
+        metrics["transfer_fast"] = float(d.fast_transfer)
     tracker.log_metrics(metrics)
     return run_id
 
@@ -109,7 +113,7 @@ def train_stage(
     from hptransfer import logs
     from hptransfer.plan import TransferPlan, load_plan, precision_mismatch
     from hptransfer.train.runner import run_train
-    from hptransfer.transfer.diagnostics import check_target
+    from hptransfer.transfer.target_check import check_target
 
     plan = plan if isinstance(plan, TransferPlan) else load_plan(plan or study.paths.plan)
     knobs = {
@@ -173,7 +177,7 @@ def run_study(
         plan = transfer_stage(study, sweep_run_id=sweep.mlflow_run_id)
         log(
             f"transfer ({plan.rule}): target width {plan.target.width} gets lr={plan.hps.lr:.4g}"
-            + "".join(f"\n  warning: {w}" for w in plan.diagnostics.get("warnings", []))
+            + "".join(f"\n  warning: {w}" for w in plan.diagnostics.warnings)
         )
         t = time.time()
         # A re-run continues an interrupted large run (or finds it finished) instead of refusing.

@@ -7,8 +7,9 @@ needs no spec, and a user can read, edit or hand it off.
 from __future__ import annotations
 
 import math
+import types
 from pathlib import Path
-from typing import Any
+from typing import Any, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -16,9 +17,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hptransfer.errors import PlanError, Problem, problems_from_validation
 from hptransfer.hyperparameters import TUNABLE, Hyperparameters
 from hptransfer.io import write_yaml
+from hptransfer.plan_diagnostics import Diagnostics
 from hptransfer.spec import MAX_SEED, MAX_STEPS, MAX_WIDTH, RULE_NAMES, DataSpec, ModelSpec, Precision, TrainSpec
 
-__all__ = ["PLAN_VERSION", "PlanError", "TargetShape", "TransferPlan", "load_plan", "precision_mismatch", "save_plan"]
+__all__ = [
+    "PLAN_VERSION",
+    "Diagnostics",
+    "PlanError",
+    "TargetShape",
+    "TransferPlan",
+    "load_plan",
+    "precision_mismatch",
+    "save_plan",
+]
 
 PLAN_VERSION = 1
 
@@ -63,7 +74,10 @@ class TransferPlan(BaseModel):
         "fp32",
         description="The precision the sweep tuned in (`sweep.precision`); a large run in another `train.precision` is warned.",
     )
-    diagnostics: dict[str, Any] = Field(default_factory=dict)
+    diagnostics: Diagnostics = Field(
+        default_factory=Diagnostics,
+        description="The evidence to judge the plan by: optima per width, verdicts, predicted penalty and target loss, warnings (hptransfer.plan_diagnostics).",
+    )
     provenance: dict[str, Any] = Field(default_factory=dict)
     seed: int = Field(0, ge=0, le=MAX_SEED)
     dp: dict[str, Any] | None = Field(None, description="Rule `dp`: the DP plan (B, T, σ, C grid, σ√T table).")
@@ -84,7 +98,7 @@ class TransferPlan(BaseModel):
         Hyperparameters.model_validate(v)  # ranges (lr > 0, 0 ≤ beta < 1, ...)
         return v
 
-    @field_validator("schedule", "heuristics", "baselines", "diagnostics", "provenance", "dp")
+    @field_validator("schedule", "heuristics", "baselines", "provenance", "dp")
     @classmethod
     def _finite(cls, v: Any) -> Any:
         # Free-form blocks are not covered by allow_inf_nan: a hand-edited `.nan` would reach exports.
@@ -152,8 +166,29 @@ def parse_plan(data: Any, source: str = "<plan>") -> TransferPlan:
     except ValidationError as e:
         raise PlanError(
             source,
-            problems_from_validation(e, allowed_keys=lambda loc: sorted(TransferPlan.model_fields) if len(loc) == 1 else []),
+            problems_from_validation(e, allowed_keys=_allowed_keys),
         ) from None
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    """Field names of the plan section that holds loc[-1] (for "unknown key" errors), through typed
+    sections and the per-width maps of `diagnostics`; [] where the section is free-form."""
+    ann: Any = TransferPlan
+    for part in loc[:-1]:
+        ann = _field_type(ann, part)
+    members = get_args(ann) if get_origin(ann) in (Union, types.UnionType) else (ann,)
+    return next((sorted(m.model_fields) for m in members if isinstance(m, type) and issubclass(m, BaseModel)), [])
+
+
+def _field_type(ann: Any, part: Any) -> Any:
+    """The type one step into `ann` (a model's field, a dict's value), None when there is none."""
+    members = get_args(ann) if get_origin(ann) in (Union, types.UnionType) else (ann,)
+    for m in members:
+        if isinstance(m, type) and issubclass(m, BaseModel) and part in m.model_fields:
+            return m.model_fields[part].annotation
+        if get_origin(m) is dict:
+            return get_args(m)[1]
+    return None
 
 
 def load_plan(path: str | Path) -> TransferPlan:

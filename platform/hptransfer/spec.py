@@ -24,19 +24,59 @@ __all__ = [
     "DEFAULT_HPS",
     "LOG_SCALE",
     "RULE_NAMES",
+    "RULE_TRAINING",
     "TUNABLE",
     "Hyperparameters",
+    "RuleTraining",
     "SpecError",
     "StudySpec",
     "load_spec",
     "parse_spec",
+    "rule_training",
     "spec_hash",
     "sweep_hash",
 ]
 
-# The transfer rules by name (their code is registered in hptransfer.transfer.rules; a test checks
-# the two agree). Listed here so the spec can be validated without importing the engine.
-RULE_NAMES = ("mup", "mup-independent-wd", "mup-standard-wd", "sp-warmup", "power-law", "dp")
+WeightDecayScaling = Literal["independent", "standard"]
+
+
+class RuleTraining(BaseModel):
+    """What a transfer rule changes in how models are trained — sweep trials and the large run alike
+    (models/setup.py) — so a sweep's results depend on it and it is part of `sweep_hash`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    weight_decay_scaling: WeightDecayScaling = Field(
+        "independent",
+        description="µP's weight decay on hidden matrices: `independent` (MuAdamW's λ·m, η·λ constant in width) or "
+        "`standard` (λ unchanged, η·λ shrinks as 1/m; paper 3, arXiv 2510.19093). SP ignores it (plain AdamW).",
+    )
+
+    def under(self, parametrization: str) -> RuleTraining:
+        """What reaches training under `parametrization`: the scaling exists only under µP."""
+        return self if parametrization == "mup" else RuleTraining()
+
+
+# The transfer rules by name, with what each changes in training. Their code is registered in
+# hptransfer.transfer.rules, each rule carrying its entry here (a test checks the two agree); listed
+# here so the spec, its hashes and the trainer know it without importing the engine.
+RULE_TRAINING: dict[str, RuleTraining] = {
+    "mup": RuleTraining(),
+    "mup-independent-wd": RuleTraining(),
+    "mup-standard-wd": RuleTraining(weight_decay_scaling="standard"),
+    "sp-warmup": RuleTraining(),
+    "power-law": RuleTraining(),
+    "dp": RuleTraining(),
+}
+RULE_NAMES = tuple(RULE_TRAINING)
+
+
+def rule_training(rule: str) -> RuleTraining:
+    """What rule `rule` changes in training; a ValueError naming the rules for an unknown name."""
+    if rule not in RULE_TRAINING:
+        raise ValueError(f"unknown transfer rule {rule!r}; choose one of {sorted(RULE_NAMES)}")
+    return RULE_TRAINING[rule]
+
+
 MAX_STEPS = 10_000_000  # far beyond any proxy or target run; catches typos like 1e12
 MAX_WIDTH = 1_000_000  # far beyond any model's hidden size; keeps width ratios and costs finite
 MAX_SEED = 2**32 - 1  # what numpy, torch and Ray all accept
@@ -574,10 +614,18 @@ def _unset_later_fields(spec: StudySpec) -> dict:
     return {section: {"precision"} for section in ("sweep", "train") if getattr(spec, section).precision == DEFAULT_PRECISION}
 
 
-def sweep_hash(spec: StudySpec) -> str:
-    """Hash of what the sweep's results depend on (model, data, sweep, seed): a results table or an
-    interrupted sweep belongs to it. Editing the target or the rule keeps the results valid."""
+def sweep_hash(spec: StudySpec, training: RuleTraining | None = None) -> str:
+    """Hash of what the sweep's results depend on (model, data, sweep, seed, and what the rule changes
+    in training: RuleTraining): a results table or an interrupted sweep belongs to it. Editing the
+    target, or the rule to one that trains the same way, keeps the results valid.
+
+    `training` (default: the spec's rule's, under its parametrization) is hashed only where it differs
+    from the default (independent weight decay), so a study swept before it entered the hash — under
+    any rule but `mup-standard-wd` — keeps its hash and resumes."""
+    training = (training or rule_training(spec.transfer.rule)).under(spec.model.parametrization)
     blob = spec.model_dump_json(include={"model", "data", "sweep", "seed"}, exclude=_unset_later_fields(spec))
+    if training != RuleTraining():
+        blob += training.model_dump_json()
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

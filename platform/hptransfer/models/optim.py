@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from hptransfer.hyperparameters import Hyperparameters
+from hptransfer.spec import WeightDecayScaling
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -29,7 +30,7 @@ FINAL_LR_FRACTION = 0.1  # the cosine schedule's floor, as a fraction of the pea
 
 
 def build_optimizer(
-    model: nn.Module, parametrization: str, hps: Hyperparameters, weight_decay_scaling: str = "independent"
+    model: nn.Module, parametrization: str, hps: Hyperparameters, weight_decay_scaling: WeightDecayScaling = "independent"
 ) -> torch.optim.Optimizer:
     """AdamW (µP: MuAdamW) with the hyperparameters' lr, weight_decay, beta1 and beta2.
 

@@ -20,7 +20,7 @@ from torch import nn
 from hptransfer.hyperparameters import Hyperparameters
 from hptransfer.models.build import build_model
 from hptransfer.models.optim import build_optimizer, lr_schedule
-from hptransfer.spec import ModelSpec
+from hptransfer.spec import ModelSpec, WeightDecayScaling, rule_training
 
 
 @dataclass
@@ -39,9 +39,10 @@ class TrainingSetup:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
 
 
-def weight_decay_scaling(rule: str) -> str:
-    """How µP scales weight decay with width under a transfer rule (sweep and large run alike)."""
-    return "standard" if rule == "mup-standard-wd" else "independent"
+def weight_decay_scaling(rule: str) -> WeightDecayScaling:
+    """How µP scales weight decay with width under a transfer rule (sweep and large run alike): what
+    the rule says it changes in training (spec.RULE_TRAINING), which `sweep_hash` binds results to."""
+    return rule_training(rule).weight_decay_scaling
 
 
 def training_setup(
@@ -57,7 +58,7 @@ def training_setup(
 ) -> TrainingSetup:
     """Model, optimizer, schedule and clipping for one run with `hps` applied everywhere it belongs.
     `extra_lr_factor` multiplies the schedule (a rule's multiplicative warmup, e.g. `sp-warmup`);
-    `rule` selects µP's weight-decay scaling (`mup-standard-wd`: standard, else independent)."""
+    `rule` selects what the rule changes in training: µP's weight-decay scaling (spec.RULE_TRAINING)."""
     model = build_model(model_spec, width, base_width=base_width, hps=hps, seed=seed)
     optimizer = build_optimizer(model, model_spec.parametrization, hps, weight_decay_scaling(rule))
 

@@ -2,7 +2,7 @@
 
 - `plot_transfer`: the µTransfer plot (sweep/record.py's `plot_sweep`) plus the transferred point,
   drawn at the target run's validation loss when the target was trained.
-- `plot_optimum`: ν*(n) against width with the two fits the diagnostics made (transfer/diagnostics.py):
+- `plot_optimum`: ν*(n) against width with the two fits the diagnostics made (transfer/fitting.py):
   the log-linear trend log ν* = a + b·log n, and paper 2's drift law log ν*(n) = x_∞ + K·n^−β
   (arXiv 2512.22768), extended to the target width where the transferred value is marked.
 """
@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from hptransfer.plan import TransferPlan
+from hptransfer.plan_diagnostics import DriftFit
 from hptransfer.spec import LOG_SCALE, StudySpec
 
 
@@ -30,7 +31,7 @@ def plot_transfer(
 ) -> Path:
     from hptransfer.sweep.record import plot_sweep
 
-    hp = (plan.diagnostics.get("primary") if plan else None) or next(iter(spec.sweep.grid))
+    hp = (plan.diagnostics.primary if plan else None) or next(iter(spec.sweep.grid))
     marks = {}
     if plan is not None and hp in plan.hyperparameters:
         x = plan.hyperparameters[hp]
@@ -41,20 +42,20 @@ def plot_transfer(
             )
         else:
             # Not trained yet: draw the point at the widest width's fitted loss, and say so.
-            per = plan.diagnostics.get("optimum_by_width", {}).get(str(plan.diagnostics.get("source_width")), {})
-            y = (per.get(hp) or {}).get("fitted_loss")
+            per = plan.diagnostics.optimum_by_width.get(str(plan.diagnostics.source_width), {})
+            y = getattr(per.get(hp), "fitted_loss", None)
             if y is not None:
                 marks[f"transferred {_tex(hp)}={x:.3g} (target not trained yet)"] = (x, y)
     return plot_sweep(df, spec, path, hp=hp, marks=marks)
 
 
-def drift_curve(drift: dict, widths: list[int], log_opt: list[float], n: np.ndarray) -> np.ndarray | None:
+def drift_curve(drift: DriftFit | None, widths: list[int], log_opt: list[float], n: np.ndarray) -> np.ndarray | None:
     """log ν*(n) = x_∞ + K·n^−β from the plan's `drift_fit`. The plan stores B = |K|; the sign of K
     is the side the swept optima lie on relative to x_∞."""
-    if not drift or drift.get("drift") != "fitted" or drift.get("beta") is None:
+    if drift is None or drift.drift != "fitted" or None in (drift.beta, drift.x_inf, drift.B):
         return None
-    sign = 1.0 if np.mean(log_opt) >= drift["x_inf"] else -1.0
-    return drift["x_inf"] + sign * drift["B"] * n ** -drift["beta"]
+    sign = 1.0 if np.mean(log_opt) >= drift.x_inf else -1.0
+    return drift.x_inf + sign * drift.B * n**-drift.beta
 
 
 def plot_optimum(plan: TransferPlan, path: str | Path) -> Path | None:
@@ -65,20 +66,19 @@ def plot_optimum(plan: TransferPlan, path: str | Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     from hptransfer.io import save_figure
-    from hptransfer.transfer.diagnostics import fit_log_linear
+    from hptransfer.transfer.fitting import fit_log_linear
 
     d = plan.diagnostics
-    hp = d.get("primary")
-    by_w = d.get("optimum_by_width", {})
-    pts = sorted((int(w), per[hp]) for w, per in by_w.items() if hp in per and per[hp].get("value") is not None)
+    hp = d.primary
+    pts = sorted((int(w), per[hp]) for w, per in d.optimum_by_width.items() if hp in per and per[hp].value is not None)
     if not pts:
         return None
     log = hp in LOG_SCALE
     widths = [w for w, _ in pts]
-    vals = np.array([f["value"] for _, f in pts], float)
+    vals = np.array([f.value for _, f in pts], float)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    lo = np.array([(f.get("ci") or [v, v])[0] for (_, f), v in zip(pts, vals)], float)
-    hi = np.array([(f.get("ci") or [v, v])[1] for (_, f), v in zip(pts, vals)], float)
+    lo = np.array([(f.ci or [v, v])[0] for (_, f), v in zip(pts, vals)], float)
+    hi = np.array([(f.ci or [v, v])[1] for (_, f), v in zip(pts, vals)], float)
     ax.errorbar(
         widths,
         vals,
@@ -88,10 +88,10 @@ def plot_optimum(plan: TransferPlan, path: str | Path) -> Path | None:
         capsize=4,
         label=f"{_tex(hp)}* per swept width (fit; bars: bootstrap CI when seeds allow)",
     )
-    edge = [w for w, f in pts if f.get("on_edge")]
+    edge = [w for w, f in pts if f.on_edge]
     if edge:
         ax.plot(
-            edge, [f["value"] for w, f in pts if w in edge], "s", mfc="none", mec="orange", ms=12, mew=2, label="on the grid edge"
+            edge, [f.value for w, f in pts if w in edge], "s", mfc="none", mec="orange", ms=12, mew=2, label="on the grid edge"
         )
     n = np.geomspace(min(widths), max(plan.target.width, max(widths)), 100)
     x = np.log(vals) if log else vals
@@ -99,7 +99,7 @@ def plot_optimum(plan: TransferPlan, path: str | Path) -> Path | None:
         f = fit_log_linear(widths, x)
         y = np.array([f.predict(v) for v in n])
         ax.plot(n, np.exp(y) if log else y, "--", color="tab:blue", label=f"trend: slope {f.b:+.3f} per log width")
-    dc = drift_curve(d.get("drift_fit") or {}, widths, list(x), n)
+    dc = drift_curve(d.drift_fit, widths, list(x), n)
     if dc is not None:
         ax.plot(
             n,
@@ -107,7 +107,7 @@ def plot_optimum(plan: TransferPlan, path: str | Path) -> Path | None:
             ":",
             color="tab:green",
             lw=2,
-            label=f"drift law x∞ + K·n^-β (β={d['drift_fit']['beta']:.2g})",
+            label=f"drift law x∞ + K·n^-β (β={d.drift_fit.beta:.2g})",
         )
     if hp in plan.hyperparameters:
         ax.plot(

@@ -100,7 +100,7 @@ def _summary(spec, plan, final: dict | None) -> str:
             + "</p>"
         )
     d = plan.diagnostics
-    res = [["predicted target loss (loss-vs-width fit)", _g(d.get("predicted_target_loss"))]]
+    res = [["predicted target loss (loss-vs-width fit)", _g(d.predicted_target_loss)]]
     if final:
         res += [
             ["target val loss (measured)", f"<b>{_g(final.get('val_loss'))}</b>"],
@@ -108,12 +108,12 @@ def _summary(spec, plan, final: dict | None) -> str:
             ["steps, status", f"{_g(final.get('step'))}, {_g(final.get('status'))}"],
             ["wall time (s)", _g(final.get("wall_s"), ".0f")],
         ]
-    if plan.diagnostics.get("predicted_target_loss_interval"):
-        lo, hi = plan.diagnostics["predicted_target_loss_interval"]
+    if d.predicted_target_loss_interval:
+        lo, hi = d.predicted_target_loss_interval
         res.insert(1, ["predicted interval (95%)", f"{_g(lo)} – {_g(hi)}"])
     out += "<h2>Target run</h2>" + _table(["", ""], res, left=1)
     if final:
-        from hptransfer.transfer.diagnostics import check_target
+        from hptransfer.transfer.target_check import check_target
 
         check = check_target(d, final.get("val_loss"))
         cls = "ok" if check["verdict"] in ("ok", "unchecked") else "warn"
@@ -126,7 +126,7 @@ def _summary(spec, plan, final: dict | None) -> str:
 def _warnings(plan) -> str:
     if plan is None:
         return ""
-    warns, notes = plan.diagnostics.get("warnings", []), plan.diagnostics.get("notes", [])
+    warns, notes = plan.diagnostics.warnings, plan.diagnostics.notes
     box = (
         '<div class="warn"><b>Warnings</b><ul>' + "".join(f"<li>{_e(w)}</li>" for w in warns) + "</ul></div>"
         if warns
@@ -141,29 +141,29 @@ def _diagnostics(plan) -> str:
     if plan is None:
         return ""
     d = plan.diagnostics
-    hp = d.get("primary")
+    hp = d.primary
     hp_html = _e(hp)  # from the plan file: escaped wherever it goes into a cell
     rows = []
-    for w, per in d.get("optimum_by_width", {}).items():
-        f = per.get(hp, {})
+    for w, per in d.optimum_by_width.items():
+        f = per.get(hp)  # typed (plan_diagnostics); getattr(None, ...) reads a missing one as empty
         flags = [
             s
             for s, on in (
-                ("grid edge", f.get("on_edge")),
-                ("not convex", f.get("convex") is False),
-                ("capped by divergence", f.get("capped_by_divergence")),
+                ("grid edge", getattr(f, "on_edge", None)),
+                ("not convex", getattr(f, "convex", None) is False),
+                ("capped by divergence", getattr(f, "capped_by_divergence", None)),
             )
             if on
         ]
-        trials = ", ".join(f"{k} {v}" for k, v in d.get("trials_by_width", {}).get(w, {}).items())
+        trials = ", ".join(f"{k} {v}" for k, v in d.trials_by_width.get(w, {}).items())
         rows.append(
             [
                 _g(w),
-                _g(f.get("value")),
-                _g(f.get("best_grid_value")),
-                _g(f.get("best_loss")),
-                _ci(f.get("ci")),
-                _g(f.get("curvature")),
+                _g(getattr(f, "value", None)),
+                _g(getattr(f, "best_grid_value", None)),
+                _g(getattr(f, "best_loss", None)),
+                _ci(getattr(f, "ci", None)),
+                _g(getattr(f, "curvature", None)),
                 escape(trials),
                 f'<span class="bad">{escape("; ".join(flags))}</span>' if flags else "",
             ]
@@ -171,23 +171,25 @@ def _diagnostics(plan) -> str:
     out = "<h3>Optimum by width</h3>" + _table(
         ["width", f"{hp}* (fit)", "best grid", "best loss", "CI", "curvature κ", "trials", "flags"], rows
     )
-    drift, lf = d.get("drift_fit") or {}, d.get("loss_fit") or {}
-    trend = (d.get("optimum_trend") or {}).get(hp, {})
-    fast = d.get("fast_transfer")
+    drift, lf, trend = d.drift_fit, d.loss_fit, d.optimum_trend.get(hp)
+    fast = d.fast_transfer
     kv = [
         ["fast transfer (paper 2: β > α/2)", "undecided" if fast is None else _g(fast)],
-        ["test", _g(d.get("fast_transfer_test") or d.get("fast_transfer_undecided"))],
-        [f"trend d log {hp_html}*/d log n", f"{_g(trend.get('slope'))} ± {_g(trend.get('slope_se'))}"],
+        ["test", _g(d.fast_transfer_test or d.fast_transfer_undecided)],
+        [
+            f"trend d log {hp_html}*/d log n",
+            f"{_g(getattr(trend, 'slope', None))} ± {_g(getattr(trend, 'slope_se', None))}",
+        ],
         [
             "drift law log ν* = x∞ + K·n^−β",
-            f"{_g(drift.get('drift'))}; B={_g(drift.get('B'))}, β={_g(drift.get('beta'))}, "
-            f"ν*(∞)={_g(drift.get('value_at_infinity'))}",
+            f"{_g(getattr(drift, 'drift', None))}; B={_g(getattr(drift, 'B', None))}, "
+            f"β={_g(getattr(drift, 'beta', None))}, ν*(∞)={_g(getattr(drift, 'value_at_infinity', None))}",
         ],
-        ["loss law φ* = φ∞ + A·n^−α", f"φ∞={_g(lf.get('phi_inf'))}, A={_g(lf.get('A'))}, α={_g(lf.get('alpha'))}" if lf else "—"],
-        ["curvature κ at the widest width", _g(d.get("curvature"))],
-        [f"trend {hp_html}* at the target width", _g(d.get("trend_value_at_target"))],
-        ["predicted penalty of the plan (loss)", _g(d.get("predicted_penalty"))],
-        ["source width", _g(d.get("source_width"))],
+        ["loss law φ* = φ∞ + A·n^−α", f"φ∞={_g(lf.phi_inf)}, A={_g(lf.A)}, α={_g(lf.alpha)}" if lf else "—"],
+        ["curvature κ at the widest width", _g(d.curvature)],
+        [f"trend {hp_html}* at the target width", _g(d.trend_value_at_target)],
+        ["predicted penalty of the plan (loss)", _g(d.predicted_penalty)],
+        ["source width", _g(d.source_width)],
     ]
     return "<h3>Transfer diagnostics</h3>" + _table(["", ""], kv, left=1) + out
 

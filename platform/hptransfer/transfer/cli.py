@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from hptransfer.console import console, fail, user_errors
+from hptransfer.plan_diagnostics import OptimumSummary
 from hptransfer.spec import RULE_NAMES
 
 # engine (pandas, scipy) and plan are imported inside the commands so `hpt --help` answers at once.
@@ -23,7 +24,7 @@ def _g(x, fmt: str = ".4g") -> str:
 def print_plan(plan, path: Path | None = None) -> None:
     """The diagnostics a user reads before trusting the plan."""
     d = plan.diagnostics
-    tuned = d.get("tuned", [])
+    tuned = d.tuned
     t = Table(title=escape(f"optimum by width — study {plan.study}, rule {plan.rule}"))
     t.add_column("width", justify="right")
     t.add_column("best loss", justify="right")
@@ -31,20 +32,20 @@ def print_plan(plan, path: Path | None = None) -> None:
         t.add_column(f"{hp}*", justify="right")
     t.add_column("trials", justify="left")
     t.add_column("flags")
-    for w, per in d.get("optimum_by_width", {}).items():
+    for w, per in d.optimum_by_width.items():
         cells, flags = [], []
         for hp in tuned:
-            f = per[hp]
-            se = f"  ×÷{math.exp(f['log_se']):.2f}" if f.get("log_se") else ""
-            cells.append(f"{f['value']:.4g}{se}")
-            if f["on_edge"]:
+            f = per.get(hp) or OptimumSummary()
+            se = f"  ×÷{math.exp(f.log_se):.2f}" if f.log_se else ""
+            cells.append(f"{_g(f.value)}{se}")
+            if f.on_edge:
                 flags.append(f"{hp} on grid edge")
-            elif not f["convex"]:
+            elif not f.convex:
                 flags.append(f"{hp} not convex")
-            if f.get("capped_by_divergence"):
+            if f.capped_by_divergence:
                 flags.append(f"{hp} capped by divergence")
-        trials = ", ".join(f"{k} {v}" for k, v in d.get("trials_by_width", {}).get(w, {}).items())
-        best = per[d.get("primary", tuned[0])]["best_loss"] if tuned else None
+        trials = ", ".join(f"{k} {v}" for k, v in d.trials_by_width.get(w, {}).items())
+        best = (per.get(d.primary or tuned[0]) or OptimumSummary()).best_loss if tuned else None
         t.add_row(str(w), _g(best), *cells, trials, "[yellow]" + "; ".join(flags) + "[/]" if flags else "")
     console.print(t)
 
@@ -58,28 +59,28 @@ def print_plan(plan, path: Path | None = None) -> None:
     if plan.param_group_multipliers.get("hidden_matrices"):
         g = plan.param_group_multipliers["hidden_matrices"]
         s.add_row("µP hidden matrices", f"lr × {g['lr']:.4g}, weight_decay × {g['weight_decay']:.4g} (MuAdamW)")
-    lf, dr = d.get("loss_fit"), d.get("drift_fit")
+    lf, dr = d.loss_fit, d.drift_fit
     if lf:
-        s.add_row("loss law", f"φ*_n = {lf['phi_inf']:.4g} + {lf['A']:.3g}·n^−{lf['alpha']:.3g}")
+        s.add_row("loss law", f"φ*_n = {_g(lf.phi_inf)} + {_g(lf.A, '.3g')}·n^−{_g(lf.alpha, '.3g')}")
     if dr:
         s.add_row(
             "optimum drift",
             "none across the ladder"
-            if dr["drift"] == "none"
+            if dr.drift == "none"
             else (
-                f"|Δlog {d['primary']}*| = {dr['B']:.3g}·n^−{dr['beta']:.3g}"
-                if dr.get("beta") is not None
-                else f"unknown ({dr.get('why', '')})"
+                f"|Δlog {d.primary}*| = {_g(dr.B, '.3g')}·n^−{dr.beta:.3g}"
+                if dr.beta is not None
+                else f"unknown ({dr.why or ''})"
             ),
         )
-    fast = d.get("fast_transfer")
+    fast = d.fast_transfer
     s.add_row(
         "fast transfer (β > α/2)",
         {True: "[green]yes[/]", False: "[red]no[/]", None: "not judged"}.get(fast, "[yellow]undecided[/]")
-        + (f"  ({d['fast_transfer_test']})" if d.get("fast_transfer_test") else ""),
+        + (f"  ({escape(d.fast_transfer_test)})" if d.fast_transfer_test else ""),
     )
-    s.add_row("predicted transfer penalty", _g(d.get("predicted_penalty")) + " (loss)")
-    s.add_row("predicted target loss", _g(d.get("predicted_target_loss")))
+    s.add_row("predicted transfer penalty", _g(d.predicted_penalty) + " (loss)")
+    s.add_row("predicted target loss", _g(d.predicted_target_loss))
     for name in ("deepseek", "step_law"):
         b = plan.baselines.get(name)
         if b:
@@ -92,9 +93,9 @@ def print_plan(plan, path: Path | None = None) -> None:
             f"{plan.schedule['kind']}: m={plan.schedule['m']:.4g}, timescale={plan.schedule['timescale']:.4g} steps",
         )
     console.print(s)
-    for n in d.get("notes", []):
+    for n in d.notes:
         console.print(f"[dim]note:[/] {escape(str(n))}")
-    for w in d.get("warnings", []):
+    for w in d.warnings:
         console.print(f"[yellow]warning:[/] {escape(str(w))}")
     if path is not None:
         console.print(f"plan written to [bold]{escape(str(path))}[/]")

@@ -18,7 +18,9 @@ from hptransfer.errors import ResultsError
 from hptransfer.hyperparameters import LOG_SCALE, TUNABLE
 from hptransfer.models.optim import FINAL_LR_FRACTION
 from hptransfer.plan import TargetShape, TransferPlan
-from hptransfer.spec import MAX_SEED, MAX_WIDTH, StudySpec, parse_spec, spec_hash
+from hptransfer.plan_diagnostics import Diagnostics
+from hptransfer.spec import MAX_SEED, MAX_WIDTH, RULE_TRAINING, StudySpec, parse_spec, rule_training, spec_hash
+from hptransfer.spec import sweep_hash as sweep_hash_of
 from hptransfer.transfer.baselines import baselines_for
 from hptransfer.transfer.diagnostics import diagnose
 from hptransfer.transfer.optimum import OptimumFit, fit_optimum
@@ -108,12 +110,20 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
 
 
 def check_results_belong(results: pd.DataFrame, spec: StudySpec, sweep_hash: str | None, source: str) -> None:
-    """A study's table must come from its spec: same sweep (the `spec_hash` column the sweep writes)
-    and only widths and grid values the spec has. Raises ResultsError listing every mismatch."""
+    """A study's table must come from its spec: same sweep (the `spec_hash` column the sweep writes:
+    spec.sweep_hash, which includes what the rule changes in training) and only widths and grid
+    values the spec has. Raises ResultsError listing every mismatch.
+
+    The rows carry nothing else that says how they were trained, so the hash is what binds them to
+    µP's weight-decay scaling: a table whose hash is this spec's under the other scaling was trained
+    the other way, and a plan from it is refused with the fix."""
     problems = []
     if "spec_hash" in results.columns and sweep_hash is not None:
         found = sorted({str(h) for h in results["spec_hash"].dropna().unique()} - {sweep_hash})
-        if found:
+        trained = _trained_otherwise(spec, found)
+        if trained:
+            problems.append(trained)
+        elif found:
             problems.append(
                 f"the table comes from another sweep (spec_hash {found}, this spec's is {sweep_hash}); rerun "
                 "`hpt sweep` with this spec (add --restart to replace the old results) or restore the old spec"
@@ -132,6 +142,25 @@ def check_results_belong(results: pd.DataFrame, spec: StudySpec, sweep_hash: str
             problems.append(f"column `{hp}` has values {off[:5]} that are not in sweep.grid.{hp} {values}")
     if problems:
         raise ResultsError(source, problems)
+
+
+def _trained_otherwise(spec: StudySpec, hashes: list[str]) -> str | None:
+    """The problem to report when `hashes` are this spec's sweep under another weight-decay scaling."""
+    mine = rule_training(spec.transfer.rule).under(spec.model.parametrization)
+    for other in {t for t in RULE_TRAINING.values() if t != mine}:
+        h = sweep_hash_of(spec, other)
+        if h not in hashes:
+            continue
+        s, theirs = mine.weight_decay_scaling, other.weight_decay_scaling
+        rules = [r for r, t in RULE_TRAINING.items() if t == other and (r != "dp" or spec.dp is not None)]
+        legacy = "; so does a `mup-standard-wd` sweep made before the scaling entered the hash" if theirs == "independent" else ""
+        return (
+            f"the table's trials were trained with µP's {theirs} weight-decay scaling (spec_hash {h}{legacy}), "
+            f"but transfer.rule `{spec.transfer.rule}` trains with {s} scaling: a plan would assume trials the "
+            f"sweep did not run. Re-sweep with this rule (`hpt sweep SPEC --study-dir DIR --restart`), or choose "
+            f"a rule with {theirs} scaling ({', '.join(rules)})"
+        )
+    return None
 
 
 def optima_by_width(results: pd.DataFrame, tuned: list[str]) -> dict[int, dict[str, OptimumFit]]:
@@ -176,32 +205,6 @@ def file_hash(path: str | Path) -> str:
 
 def table_hash(results: pd.DataFrame) -> str:
     return hashlib.sha256(pd.util.hash_pandas_object(results, index=False).values.tobytes()).hexdigest()[:16]
-
-
-def _fit_dict(f: OptimumFit) -> dict:
-    d = {
-        "value": f.value,
-        "best_grid_value": f.best_grid_value,
-        "best_loss": f.best_loss,
-        "fitted_loss": f.fitted_loss,
-        "on_edge": f.on_edge,
-        "convex": f.convex,
-        "n_points": f.n_points,
-        "n_diverged": f.n_diverged,
-        "capped_by_divergence": f.capped_by_divergence,
-        "curvature": f.curvature,
-        "log_se": f.log_se,
-        "ci": [f.ci_low, f.ci_high] if f.ci_low is not None else None,
-        "censored": f.censored,
-        "bound": [f.bound_low, f.bound_high],
-        "noise": f.noise,
-        "noise_source": f.noise_source,
-        "n_seeds": f.n_seeds,
-        "se_floor": f.se_floor,
-        "curvature_ci": [f.curvature_low, f.curvature_high],
-        "loss_se": f.loss_se,
-    }
-    return {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in d.items()}
 
 
 def _clean(obj):
@@ -258,7 +261,7 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
         spec.target.width,
         width_only.hyperparameters,
     )
-    warnings = list(res.warnings) + diag.pop("warnings")
+    warnings = list(res.warnings) + diag.warnings
     if skipped:
         warnings.append(f"widths {skipped} have no ok trial with a finite loss and were left out")
     if res.heuristics:
@@ -303,13 +306,11 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
         sweep_precision=spec.sweep.precision,
         seed=spec.seed,
         # Width keys are strings: that is what YAML/JSON give back, so a loaded plan equals this one.
-        diagnostics=_clean(
+        diagnostics=Diagnostics.measured(
             {
-                "tuned": tuned,
+                **diag.model_dump(),
                 "source_width": res.source_width,
-                "optimum_by_width": {str(w): {hp: _fit_dict(f) for hp, f in per.items()} for w, per in fits.items()},
                 "trials_by_width": {str(w): {str(k): int(v) for k, v in row.items()} for w, row in counts.iterrows()},
-                **diag,
                 "notes": res.notes,
                 "warnings": warnings,
             }

@@ -1,5 +1,7 @@
-"""Transfer rules, registered by name. A rule is a pure function of the sweep evidence and the
-target shape; it returns the target's hyperparameters, per-parameter-group multipliers, an optional
+"""Transfer rules, registered by name. A rule is an object (`Rule`): what it changes in training
+(µP's weight-decay scaling: spec.RULE_TRAINING, part of the sweep hash, so results trained one way
+never feed a plan that assumes the other) and a pure function of the sweep evidence and the target
+shape, which returns the target's hyperparameters, per-parameter-group multipliers, an optional
 multiplicative warmup, and notes. No Ray, MLflow or DeepSpeed here.
 
 Every rule honours the same contract (tests/test_transfer_rules.py runs it over `RULES`):
@@ -16,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hptransfer.hyperparameters import DEFAULT_HPS, LOG_SCALE
-from hptransfer.transfer.diagnostics import fit_log_linear, interval_quantile
+from hptransfer.spec import RULE_TRAINING, RuleTraining, WeightDecayScaling
+from hptransfer.transfer.fitting import fit_log_linear, interval_quantile
 from hptransfer.transfer.heuristics import adjust_for_batch_and_steps
 from hptransfer.transfer.schedule import default_timescale, steps_to_half
 
@@ -61,13 +64,32 @@ class RuleResult:
     target_steps: int | None = None
 
 
-Rule = Callable[[Evidence, Target], RuleResult]
+RuleFunction = Callable[[Evidence, Target], RuleResult]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A registered transfer rule: its name, what it changes in training (sweep trials and the large
+    run: spec.RULE_TRAINING) and its pure map from evidence and target to the plan's values."""
+
+    name: str
+    apply: RuleFunction
+    training: RuleTraining
+
+    def __call__(self, ev: Evidence, target: Target) -> RuleResult:
+        return self.apply(ev, target)
+
+
 RULES: dict[str, Rule] = {}
 
 
 def register(name: str):
-    def deco(fn: Rule) -> Rule:
-        RULES[name] = fn
+    # What a rule changes in training is declared in the spec's RULE_TRAINING (the trainer and the
+    # sweep hash read it there, below the engine); a rule without an entry is a programming error.
+    assert name in RULE_TRAINING, f"add rule {name!r} to hptransfer.spec.RULE_TRAINING (what it changes in training)"
+
+    def deco(fn: RuleFunction) -> RuleFunction:
+        RULES[name] = Rule(name, fn, RULE_TRAINING[name])
         return fn
 
     return deco
@@ -85,25 +107,34 @@ def base_hps(ev: Evidence, width: int) -> dict[str, float]:
     return {**DEFAULT_HPS, **ev.fixed, **ev.optima[width]}
 
 
-def group_multipliers(parametrization: str, m: float) -> dict[str, dict[str, float]]:
+def group_multipliers(
+    parametrization: str, m: float, weight_decay_scaling: WeightDecayScaling = "independent"
+) -> dict[str, dict[str, float]]:
     """Per-parameter-group factors on the plan's lr / weight_decay at width_mult m = width/base.
 
     µP with Adam (Tensor Programs V, Table 3; `mup.MuAdamW`): matrix-like (hidden) weights get
     lr/m and — the "independent" form MuAdamW uses, paper 3 — weight decay ×m, so η·λ per group is
-    width-independent. Vector-like ones (embeddings, norms, biases, the readout, whose only
-    infinite dimension is fan_in) keep lr; MuReadout multiplies the readout's input by
-    output_mult/m in the forward pass. SP: one global lr, all factors 1."""
+    width-independent (`standard` scaling: ×1, η·λ shrinks as 1/m). Vector-like ones (embeddings,
+    norms, biases, the readout, whose only infinite dimension is fan_in) keep lr; MuReadout
+    multiplies the readout's input by output_mult/m in the forward pass. SP: one global lr, all
+    factors 1."""
     if parametrization != "mup":
         return {"all": {"lr": 1.0, "weight_decay": 1.0}}
     return {
-        "hidden_matrices": {"lr": 1 / m, "weight_decay": m},
+        "hidden_matrices": {"lr": 1 / m, "weight_decay": m if weight_decay_scaling == "independent" else 1.0},
         "vectors_embeddings": {"lr": 1.0, "weight_decay": 1.0},
         "readout": {"lr": 1.0, "weight_decay": 1.0, "forward_multiplier": 1 / m},
     }
 
 
 def _finish(
-    ev: Evidence, target: Target, hps: dict[str, float], src: int, hold_product: bool, parametrization: str | None = None
+    ev: Evidence,
+    target: Target,
+    hps: dict[str, float],
+    src: int,
+    hold_product: bool,
+    parametrization: str | None = None,
+    weight_decay_scaling: WeightDecayScaling = "independent",
 ) -> RuleResult:
     hps, used = adjust_for_batch_and_steps(
         hps, target.proxy_batch_size, target.batch_size, target.proxy_steps, target.steps, hold_product
@@ -113,7 +144,7 @@ def _finish(
         {k: float(v) for k, v in hps.items()},
         heuristics=used,
         source_width=src,
-        param_group_multipliers=group_multipliers(parametrization or ev.parametrization, m),
+        param_group_multipliers=group_multipliers(parametrization or ev.parametrization, m, weight_decay_scaling),
     )
     res.notes.append(f"optimum taken from swept width {src}" + (" (the target width itself)" if src == target.width else ""))
     return res
@@ -168,10 +199,9 @@ def mup_standard_wd_rule(ev: Evidence, target: Target) -> RuleResult:
     so the trainer must pass weight_decay/m for hidden matrices to get this rule's ×1 — which is
     what the hidden_matrices multiplier 1.0 states."""
     src = source_width(ev, target)
-    res = _finish(ev, target, base_hps(ev, src), src, hold_product=False)
+    scaling = RULE_TRAINING["mup-standard-wd"].weight_decay_scaling  # what its trials trained with: standard
+    res = _finish(ev, target, base_hps(ev, src), src, hold_product=False, weight_decay_scaling=scaling)
     m = target.width / ev.base_width
-    if "hidden_matrices" in res.param_group_multipliers:
-        res.param_group_multipliers["hidden_matrices"]["weight_decay"] = 1.0
     res.notes.append(
         f"standard (coupled) weight decay under µP: hidden matrices lr/m, weight_decay ×1 (m={m:.4g}), "
         "so η·λ shrinks as 1/m; a trainer using MuAdamW must divide the hidden matrices' weight_decay "
@@ -262,7 +292,7 @@ def power_law_rule(ev: Evidence, target: Target) -> RuleResult:
     - censored optima (grid edge, capped by divergence) are bounds and are left out of the fit;
     - extrapolate only with ≥ 3 uncensored widths and a significant slope, |b|/b_se > 2; otherwise
       the widest uncensored optimum is used as is (µP's choice) and the notes say why;
-    - the extrapolation is bounded by its prediction interval x̂ ± q·se (q: diagnostics'
+    - the extrapolation is bounded by its prediction interval x̂ ± q·se (q: fitting's
       interval_quantile): when that is wider than ×/÷ MAX_EXTRAPOLATION_FACTOR, the end of the
       interval nearest the widest uncensored optimum is used — the smallest move the evidence
       demands — with a warning. Assumption: past that width the midpoint is a guess."""
