@@ -18,14 +18,14 @@ Run: .venv/bin/python benchmarks/dp_directions.py   → benchmarks/results/dp_di
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import multiprocessing as mp
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from common import RESULTS
 
 EPSILONS = [0.5, 8.0]
 BATCHES = [16, 32, 64, 128, 256]
@@ -69,7 +69,8 @@ def _run(job: tuple) -> tuple:
     return job, r["test/accuracy"], r["dp/epsilon"]
 
 
-def main() -> dict:
+def main(argv: list[str] | None = None) -> dict:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # no options: --help only
     import torch
 
     from hptransfer.dp import task
@@ -178,7 +179,7 @@ def main() -> dict:
         }
         for k, v in sorted(mean.items())
     ]
-    write_json(ROOT / "benchmarks" / "results" / "dp_directions.json", out)
+    write_json(RESULTS / "dp_directions.json", out)
     return out
 
 

@@ -52,14 +52,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing as mp
 import os
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+from common import RESULTS, RunCache, machine_info, t_interval, verdict
+
 CACHE = Path("/tmp/hpt_dp_lm_runs.jsonl")  # every run's result, keyed by its settings (--cache to move it)
 
 FULL = {
@@ -178,37 +177,18 @@ def run_key(s: dict, epsilon: float, batch_size: int, clip: float, lr: float, se
     }
 
 
-def _key_str(k: dict) -> str:
-    return json.dumps(k, sort_keys=True)
+def _describe(r: dict) -> str:
+    return (
+        f"ε={r['epsilon']:g} B={r['batch_size']} C={r['clip']:.3g} lr={r['lr']:.3g} seed={r['seed']} → val "
+        f"{r['val_loss']:.4f} (ε spent {r['epsilon_spent']:.3g}, T={r['steps']}, {r['wall_s']:.0f}s)"
+    )
 
 
-def run_all(keys: list[dict], spec: dict, cache: Path, procs: int) -> dict[str, dict]:
+def run_all(keys: list[dict], spec: dict, cache: RunCache, procs: int) -> dict[str, dict]:
     """Train the keys not in the JSON-lines cache (smallest B first: the longest runs); all results by key."""
-    done: dict[str, dict] = {}
-    if cache.exists():
-        for line in cache.read_text().splitlines():
-            try:  # a line cut short by a killed run is skipped, and that run redone
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            done[_key_str({k: r.get(k) for k in keys[0]})] = r
-    todo = sorted({_key_str(k): k for k in keys if _key_str(k) not in done}.values(), key=lambda k: k["batch_size"])
-    print(f"{len(keys)} runs, {len(todo)} to train ({len(keys) - len(todo)} cached in {cache})", flush=True)
-    if todo:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.perf_counter()
-        with mp.get_context("spawn").Pool(procs, initializer=_init, initargs=(spec,)) as pool, cache.open("a") as f:
-            for i, r in enumerate(pool.imap_unordered(_run, todo), 1):
-                f.write(json.dumps(r) + "\n")
-                f.flush()
-                done[_key_str({k: r[k] for k in keys[0]})] = r
-                print(
-                    f"[{i}/{len(todo)} {time.perf_counter() - t0:5.0f}s] ε={r['epsilon']:g} B={r['batch_size']} "
-                    f"C={r['clip']:.3g} lr={r['lr']:.3g} seed={r['seed']} → val {r['val_loss']:.4f} "
-                    f"(ε spent {r['epsilon_spent']:.3g}, T={r['steps']}, {r['wall_s']:.0f}s)",
-                    flush=True,
-                )
-    return {_key_str(k): done[_key_str(k)] for k in keys}
+    return cache.run(
+        keys, _run, procs=procs, first=lambda k: k["batch_size"], describe=_describe, initializer=_init, initargs=(spec,)
+    )
 
 
 def public_grad_norm(spec: dict, n: int = 512, seed: int = 0) -> float:
@@ -237,21 +217,6 @@ def public_grad_norm(spec: dict, n: int = 512, seed: int = 0) -> float:
 
 
 # --- statistics and verdicts (pure) ---------------------------------------------------------------
-
-from make_benchmarks_md import verdict  # noqa: E402  (one rule for every benchmark's verdicts)
-
-
-def t_interval(xs: list[float]) -> dict:
-    """Mean and 95% t-interval over seeds (none with fewer than 2)."""
-    from scipy.stats import t as student
-
-    n = len(xs)
-    mean = sum(xs) / n
-    if n < 2:
-        return {"mean": mean, "lo": None, "hi": None, "n": n}
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    h = student.ppf(0.975, n - 1) * sd / math.sqrt(n)
-    return {"mean": mean, "lo": mean - h, "hi": mean + h, "n": n}
 
 
 def relative_slopes(losses: dict[int, dict[int, float]]) -> list[float]:
@@ -320,11 +285,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for dp_lm.json and dp_lm.png")
     ap.add_argument("--cache", type=Path, default=CACHE, help=f"JSON-lines run cache (default: {CACHE})")
     ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--cached-only", action="store_true", help="only read runs from the cache; refuse to train a missing one")
     args = ap.parse_args(argv)
     from hptransfer.dp.accounting import noise_row
     from hptransfer.io import write_json
-
-    from common import machine_info
 
     t0 = time.perf_counter()
     s = settings(args.quick)
@@ -342,7 +306,7 @@ def main(argv: list[str] | None = None) -> dict:
         )
     cells = grid_cells | {(e, DEFAULT["batch_size"], DEFAULT["clip"]) for e, d in default_rows.items() if d.feasible}
     keys = [run_key(s, e, b, c, lr_for(s, b), seed) for (e, b, c) in sorted(cells) for seed in s["seeds"]]
-    results = run_all(keys, spec, args.cache, args.procs)
+    results = run_all(keys, spec, RunCache(args.cache, train=not args.cached_only), args.procs)
     by_cell: dict[tuple, dict[int, float]] = {}
     for r in results.values():
         by_cell.setdefault((r["epsilon"], r["batch_size"], r["clip"]), {})[r["seed"]] = r["val_loss"]
@@ -381,7 +345,7 @@ def _mean(seeds: dict[int, float]) -> float:
 def paired(a: dict[int, float], b: dict[int, float]) -> dict:
     """a − b paired by seed, with its 95% t-interval."""
     common = sorted(set(a) & set(b))
-    return t_interval([a[k] - b[k] for k in common])
+    return t_interval([a[k] - b[k] for k in common]).as_dict()
 
 
 def _best_c_per_b(eps: float, grid_cells: set, by_cell: dict) -> dict[int, tuple[float, dict[int, float]]]:
@@ -448,7 +412,11 @@ def analyse(s: dict, ref: float, plans: dict, grid_cells: set, default_rows: dic
 
         def row(choice: str, cell: tuple, nr, note: str = "") -> dict:
             seeds = by_cell.get(cell, {}) if nr.feasible else {}
-            ci = t_interval([seeds[k] for k in sorted(seeds)]) if seeds else {"mean": None, "lo": None, "hi": None, "n": 0}
+            ci = (
+                t_interval([seeds[k] for k in sorted(seeds)]).as_dict()
+                if seeds
+                else {"mean": None, "lo": None, "hi": None, "n": 0}
+            )
             return {
                 "epsilon": cell[0],
                 "choice": choice,
@@ -488,7 +456,7 @@ def analyse(s: dict, ref: float, plans: dict, grid_cells: set, default_rows: dic
             }
         )
         for cell in sorted(c for c in by_cell if c[0] == eps):
-            ci = t_interval([by_cell[cell][k] for k in sorted(by_cell[cell])])
+            ci = t_interval([by_cell[cell][k] for k in sorted(by_cell[cell])]).as_dict()
             out["cells"].append({"epsilon": eps, "B": cell[1], "C": cell[2], "mean": ci["mean"], "lo": ci["lo"], "hi": ci["hi"]})
     out["verdicts"] = verdicts(s, plans, grid_cells, by_cell)
     return out
@@ -505,7 +473,7 @@ def verdicts(s: dict, plans: dict, grid_cells: set, by_cell: dict) -> dict:
     per_b = _best_c_per_b(tight, grid_cells, by_cell)
     a = {"epsilon": tight, "batch_sizes": flat_b, "claim_region": [-m, m]}
     if len(flat_b) >= 2:
-        a["relative_slope"] = t_interval(relative_slopes({b: per_b[b][1] for b in flat_b}))
+        a["relative_slope"] = t_interval(relative_slopes({b: per_b[b][1] for b in flat_b})).as_dict()
         a["verdict"] = verdict(a["relative_slope"]["lo"], a["relative_slope"]["hi"], inside=(-m, m))
     else:
         a["verdict"], a["why"] = "inconclusive", f"σ√T is within {s['tolerance']:.0%} of its minimum at {len(flat_b)} B only"
@@ -514,7 +482,7 @@ def verdicts(s: dict, plans: dict, grid_cells: set, by_cell: dict) -> dict:
     per_b = _best_c_per_b(loose, grid_cells, by_cell)
     b_ = {"epsilon": loose, "batch_sizes": list(per_b), "claim_region": ["-inf", 0]}
     if len(per_b) >= 2:
-        b_["relative_slope"] = t_interval(relative_slopes({b: v[1] for b, v in per_b.items()}))
+        b_["relative_slope"] = t_interval(relative_slopes({b: v[1] for b, v in per_b.items()})).as_dict()
         b_["verdict"] = verdict(b_["relative_slope"]["lo"], b_["relative_slope"]["hi"], below=0.0)
     else:
         b_["verdict"], b_["why"] = "inconclusive", "fewer than 2 feasible batch sizes"

@@ -7,17 +7,17 @@ Run: .venv/bin/python benchmarks/dp_noise_table.py   → benchmarks/results/dp_n
 
 from __future__ import annotations
 
+import argparse
 import math
 import platform
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from hptransfer.dp.accounting import noise_multiplier, noise_table, steps_for
+from hptransfer.dp.plan import dp_plan_for
+from hptransfer.io import write_json
+from hptransfer.privacy import DPConfig
 
-from hptransfer.dp.accounting import noise_multiplier, noise_table, steps_for  # noqa: E402
-from hptransfer.dp.plan import dp_plan_for  # noqa: E402
-from hptransfer.io import write_json  # noqa: E402
-from hptransfer.privacy import DPConfig  # noqa: E402
+from common import RESULTS
 
 N, E, DELTA = 50_000, 8, 1e-5
 EPSILONS = [0.5, 1.0, 2.0, 8.0]
@@ -29,7 +29,8 @@ REFERENCE = {
 }
 
 
-def main() -> dict:
+def main(argv: list[str] | None = None) -> dict:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)  # no options: --help only
     out: dict = {
         "setting": {"N": N, "epochs": E, "delta": DELTA, "batch_sizes": TABLE_B},
         "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
@@ -87,7 +88,7 @@ def main() -> dict:
                 "clip_shift": round(plan.clip_shift, 3),
             }
             print(f"plan {acc} ε={eps:g}: B={plan.batch_size} T={plan.steps} in {dt:.1f}s", flush=True)
-    write_json(ROOT / "benchmarks" / "results" / "dp_noise_table.json", out)
+    write_json(RESULTS / "dp_noise_table.json", out)
     return out
 
 

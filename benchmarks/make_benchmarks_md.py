@@ -6,18 +6,21 @@ hand: rerun a benchmark, then this script.
 generically (scalars, and lists of records as tables), so a new benchmark shows up without edits.
 
 Run: .venv/bin/python benchmarks/make_benchmarks_md.py   → BENCHMARKS.md
+     (`--check`: exit 1 if BENCHMARKS.md is not what the JSONs give, writing nothing)
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
+import difflib
 import json
 import math
 import re
+import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
+from common import RESULTS, ROOT, verdict
 
 
 def g(x, fmt: str = ".4g") -> str:
@@ -99,21 +102,6 @@ def slope_interval(optima: dict) -> tuple[float, float, float] | None:
     f = fit_log_linear([w for w, _ in pts], [math.log(v) for _, v in pts])
     q = student.ppf(0.975, len(pts) - 2)
     return f.b, f.b - q * f.b_se, f.b + q * f.b_se
-
-
-def verdict(lo: float | None, hi: float | None, *, inside: tuple[float, float] | None = None, below: float | None = None) -> str:
-    """reproduced when the whole interval satisfies the claim, not reproduced when none of it does,
-    inconclusive otherwise (the noise is larger than the effect, or there is no interval)."""
-    if lo is None or hi is None:
-        return "inconclusive"
-    if inside is not None:
-        a, b = inside
-        if a <= lo and hi <= b:
-            return "reproduced"
-        return "not reproduced" if hi < a or lo > b else "inconclusive"
-    if hi < below:
-        return "reproduced"
-    return "not reproduced" if lo >= below else "inconclusive"
 
 
 def _slope_text(name: str, si) -> str:
@@ -562,10 +550,21 @@ def render() -> str:
     return "\n".join(parts) + "\n"
 
 
-def main() -> Path:
+def main(argv: list[str] | None = None) -> Path:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 (with a diff) if BENCHMARKS.md differs")
+    args = ap.parse_args(argv)
     from hptransfer.io import write_atomic
 
-    path = write_atomic(ROOT / "BENCHMARKS.md", render())
+    path, text = ROOT / "BENCHMARKS.md", render()
+    if args.check:
+        old = path.read_text() if path.exists() else ""
+        if old != text:
+            sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), text.splitlines(True), str(path), "generated"))
+            raise SystemExit(f"{path} is not what benchmarks/results/*.json give: rerun benchmarks/make_benchmarks_md.py")
+        print(f"{path} is up to date")
+        return path
+    write_atomic(path, text)
     print(f"wrote {path}")
     return path
 

@@ -9,19 +9,24 @@
    fixed epoch budget is flat (a plateau) at tight ε and keeps falling at loose ε. Opacus' RDP
    accountant, N = 50,000, E = 8, δ = 1e-5.
 
-Training runs are shared with transfer_regret.py through its cache (same settings, same results).
+Training runs are shared with transfer_regret.py through its cache (same settings, same results);
+`--cached-only` rebuilds the figures from that cache without training.
 
 Run: .venv/bin/python benchmarks/paper_claims.py   → benchmarks/results/paper_claims.{json,png}
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import math
 import time
+from pathlib import Path
 
 import transfer_regret as TR
 from hptransfer.io import save_figure, write_json
+
+from common import ROOT, RunCache
 
 DP_N, DP_E, DP_DELTA = 50_000, 8, 1e-5
 DP_EPS = [0.5, 2.0, 8.0]
@@ -64,11 +69,11 @@ def drift_summary(opt: dict[int, dict]) -> dict:
     }
 
 
-def claim_mup_vs_sp() -> dict:
+def claim_mup_vs_sp(cache: RunCache) -> dict:
     widths = TR.LADDER + [TR.TARGET]
     out = {}
     for p in ("mup", "sp"):
-        res = TR.run_all([TR.run_key(p, w, lr) for w in widths for lr in TR.GRIDS[p]])
+        res = TR.run_all(cache, [TR.run_key(p, w, lr) for w in widths for lr in TR.GRIDS[p]])
         opt = optima(res, TR.GRIDS[p])
         out[p] = {"optima": opt, **drift_summary(opt)}
     m, s = out["mup"], out["sp"]
@@ -83,16 +88,17 @@ def claim_mup_vs_sp() -> dict:
     return out
 
 
-def claim_weight_decay() -> dict:
+def claim_weight_decay(cache: RunCache) -> dict:
     out = {}
     for mode in ("independent", "standard"):
         # At the base width (m = 1) both forms are the same run.
         res = TR.run_all(
+            cache,
             [
                 TR.run_key("mup", w, lr, wd_mode=mode if w != TR.LADDER[0] else "independent")
                 for w in TR.LADDER
                 for lr in TR.GRIDS["mup"]
-            ]
+            ],
         )
         opt = optima(res, TR.GRIDS["mup"])
         out[mode] = {"optima": opt, **drift_summary(opt)}
@@ -185,10 +191,17 @@ def figure(out: dict):
     return fig
 
 
-def main() -> dict:
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=TR.RESULTS / "paper_claims.json", help="the JSON; the PNG goes beside it")
+    ap.add_argument("--cache", type=Path, default=TR.CACHE, help=f"transfer_regret.py's run cache (default: {TR.CACHE})")
+    ap.add_argument("--cached-only", action="store_true", help="only read runs from the cache; refuse to train a missing one")
+    args = ap.parse_args(argv)
+    cache = RunCache(args.cache, train=not args.cached_only)
     t0 = time.perf_counter()
+    default_out = args.out == ap.get_default("out")
     out = {
-        "command": ".venv/bin/python benchmarks/paper_claims.py",
+        "command": ".venv/bin/python benchmarks/paper_claims.py" + ("" if default_out else f" --out {args.out}"),
         "machine": TR.machine(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "setting": {
@@ -205,14 +218,14 @@ def main() -> dict:
     }
     out["dp_plateau"] = claim_dp_plateau()
     print(out["dp_plateau"]["verdict"], flush=True)
-    out["mup_vs_sp"] = claim_mup_vs_sp()
+    out["mup_vs_sp"] = claim_mup_vs_sp(cache)
     print(out["mup_vs_sp"]["verdict"], flush=True)
-    out["weight_decay"] = claim_weight_decay()
+    out["weight_decay"] = claim_weight_decay(cache)
     print(out["weight_decay"]["verdict"], flush=True)
     out["wall_s"] = round(time.perf_counter() - t0, 1)
-    path = TR.RESULTS / "paper_claims.json"
-    save_figure(figure(out), path.with_suffix(".png"))
-    out["figure"] = "benchmarks/results/paper_claims.png"
+    path, png = args.out, args.out.with_suffix(".png")
+    save_figure(figure(out), png)
+    out["figure"] = str(png.relative_to(ROOT)) if png.is_relative_to(ROOT) else str(png)
     write_json(path, out)
     print(f"wrote {path}")
     return out

@@ -35,9 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-from common import machine_info  # noqa: E402
+from common import ROOT, machine_info
 
 CPUS = 2
 WIDTHS = [32, 64]
@@ -83,13 +81,17 @@ def sweep_spec(n_trials: int, steps: int):
 
 
 def ray_startup_s() -> dict:
-    """Start and stop an empty local Ray the way `run_sweep` does: the fixed cost of every sweep."""
+    """Start and stop an empty local Ray the way `run_sweep` does (`StudyContext.ray_session`): the
+    fixed cost of every sweep."""
+    from hptransfer.context import StudyContext
     from hptransfer.spec import RaySpec
-    from hptransfer.sweep.ray_session import ray_session
 
-    t0 = time.perf_counter()
-    with ray_session(RaySpec(num_cpus=CPUS, object_store_mb=256)):
-        t1 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="hpt_bench_ray_") as work:
+        ctx = StudyContext(None, work, name="bench-ray")
+        ctx.ray = RaySpec(num_cpus=CPUS, object_store_mb=256)
+        t0 = time.perf_counter()
+        with ctx.ray_session():
+            t1 = time.perf_counter()
     return {"init_s": round(t1 - t0, 2), "shutdown_s": round(time.perf_counter() - t1, 2)}
 
 
@@ -137,32 +139,17 @@ def cold_start_probe(steps: int, repeats: int = 2) -> dict:
     return {**best, "loadavg_1min": round(os.getloadavg()[0], 2)}
 
 
-_REUSE = [True]  # what run_sweep uses (since this benchmark showed what fresh actors cost)
-
-
-def force_reuse_actors(value: bool) -> None:
-    """What-if only: make run_sweep's `tune.TuneConfig(..., reuse_actors=True)` build one with
-    reuse_actors=value; False gives every trial a fresh process (imports, corpus read, first model
-    build paid again). Patches the `ray.tune` attribute the runner looks up, in this driver only."""
-    import ray.tune
-
-    real = ray.tune.TuneConfig
-
-    def tune_config(**kw):
-        return real(**{**kw, "reuse_actors": value})
-
-    ray.tune.TuneConfig = tune_config
-    _REUSE[0] = value
-
-
-def one_sweep(n_trials: int, steps: int, work: Path) -> dict:
+def one_sweep(n_trials: int, steps: int, work: Path, *, order: str = "widest-first", reuse_actors: bool = True) -> dict:
+    """One `run_sweep` of `n_trials`, timed. `order` and `reuse_actors` are run_sweep's own
+    arguments: the what-ifs (ascending widths; a fresh process per trial, which pays the imports,
+    corpus read and first model build again) change nothing else."""
     from hptransfer.study import Study
     from hptransfer.sweep.runner import run_sweep
 
     study = Study.from_spec(sweep_spec(n_trials, steps), work / f"sweep_{n_trials}")
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    df, _ = run_sweep(study, restart=True, log=lambda m: None)
+    df, _ = run_sweep(study, restart=True, log=lambda m: None, order=order, reuse_actors=reuse_actors)
     wall = time.perf_counter() - t0
     n = len(df)
     train, inside = float(df["train_s"].sum()), float(df["wall_s"].sum())
@@ -204,7 +191,9 @@ def linear_fit(points: list[tuple[int, float]]) -> dict:
     }
 
 
-def summarise(info: dict, startup: dict, runs: list[dict], complete: bool) -> dict:
+def summarise(
+    info: dict, startup: dict, runs: list[dict], complete: bool, *, order: str = "widest-first", reuse_actors: bool = True
+) -> dict:
     ref = next((r for r in runs if r["trials"] == 24), runs[len(runs) // 2])
     fit = linear_fit([(r["trials"], r["wall_s"]) for r in runs]) if len(runs) >= 2 else None
     if fit:
@@ -228,8 +217,8 @@ def summarise(info: dict, startup: dict, runs: list[dict], complete: bool) -> di
             "seq_len": 64,
             "batch_size": 16,
             "reports_per_trial": 4,
-            "reuse_actors": _REUSE[0],
-            "widest_first": __import__("hptransfer.sweep.runner", fromlist=["WIDEST_FIRST"]).WIDEST_FIRST,
+            "reuse_actors": reuse_actors,
+            "widest_first": order == "widest-first",
         },
         "ray_startup": startup,
         "headline": {
@@ -260,13 +249,13 @@ def main(argv: list[str]) -> dict:
     ap.add_argument(
         "--fresh-actors",
         action="store_true",
-        help="what-if: run the same sweeps with Tune's reuse_actors=False (run_sweep reuses actors); "
+        help="what-if: run the same sweeps with run_sweep(..., reuse_actors=False), a fresh process per trial; "
         "write to results/sweep_overhead_fresh_actors.json",
     )
     ap.add_argument(
         "--ascending-widths",
         action="store_true",
-        help="what-if: start the narrowest trials first (run_sweep starts the widest first); "
+        help="what-if: start the narrowest trials first, run_sweep(..., order='ascending'); "
         "write to results/sweep_overhead_ascending_widths.json",
     )
     ap.add_argument(
@@ -278,16 +267,11 @@ def main(argv: list[str]) -> dict:
     from hptransfer.io import write_json
 
     configure()
-    if args.fresh_actors:
-        force_reuse_actors(False)
-        if args.out == ap.get_default("out"):
-            args.out = str(ROOT / "benchmarks" / "results" / "sweep_overhead_fresh_actors.json")
-    if args.ascending_widths:
-        import hptransfer.sweep.runner as runner
-
-        runner.WIDEST_FIRST = False
-        if args.out == ap.get_default("out"):
-            args.out = str(ROOT / "benchmarks" / "results" / "sweep_overhead_ascending_widths.json")
+    order, reuse_actors = ("ascending" if args.ascending_widths else "widest-first"), not args.fresh_actors
+    if args.fresh_actors and args.out == ap.get_default("out"):
+        args.out = str(ROOT / "benchmarks" / "results" / "sweep_overhead_fresh_actors.json")
+    if args.ascending_widths and args.out == ap.get_default("out"):
+        args.out = str(ROOT / "benchmarks" / "results" / "sweep_overhead_ascending_widths.json")
     sizes = [int(x) for x in args.trials.split(",")]
     info = machine_info([str(Path(__file__).relative_to(ROOT)), *argv])
     if args.probe_only:
@@ -301,10 +285,11 @@ def main(argv: list[str]) -> dict:
         startup = ray_startup_s()
         runs: list[dict] = []
         for n in sizes:
-            runs.append(one_sweep(n, args.steps, work))
+            runs.append(one_sweep(n, args.steps, work, order=order, reuse_actors=reuse_actors))
             print(f"[sweep_overhead] {runs[-1]}", flush=True)
             # Written after every sweep size, so a run cut short still leaves its figures.
-            result = {**summarise(info, startup, runs, complete=len(runs) == len(sizes)), "cold_start_probe": probe}
+            done = len(runs) == len(sizes)
+            result = {**summarise(info, startup, runs, done, order=order, reuse_actors=reuse_actors), "cold_start_probe": probe}
             write_json(args.out, result)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -34,8 +34,11 @@ seeds 0, 1, 2 (a seed fixes init and data order, so runs pair by seed):
 The predicted penalty of each plan (`diagnostics.predicted_penalty`, an absolute loss increase with
 an interval) is set beside the measured absolute regret (the calibration table of issue 12).
 
-Every run is plain PyTorch (`sweep.trial.train_proxy`, one thread per process, 2 processes) and is
-cached by its settings in a JSON-lines file, so a killed run resumes and `paper_claims.py` reuses it.
+Every run is plain PyTorch (`sweep.trial.train_proxy`, one thread per process, 2 processes; the
+`sp-warmup` factor reaches it as the large run's does, through `extra_lr_factor`) and is cached by
+its settings in a JSON-lines file (`common.RunCache`), so a killed run resumes and `paper_claims.py`
+reuses it. `--cached-only` re-plans from the cache (seconds) and refuses to train a missing run:
+the check that the figures still follow from the runs after a change to the engine.
 
 Run: .venv/bin/python benchmarks/transfer_regret.py   → benchmarks/results/transfer_regret.{json,png}
 """
@@ -43,18 +46,16 @@ Run: .venv/bin/python benchmarks/transfer_regret.py   → benchmarks/results/tra
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import math
-import multiprocessing as mp
 import os
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-CACHE = Path(os.environ.get("HPT_BENCH_CACHE", "/tmp/hpt_bench_regret_mlp.jsonl"))
+from common import RESULTS, ROOT, Interval, RunCache, key_str, machine_info, t_interval
+
+CACHE = Path(os.environ.get("HPT_BENCH_CACHE", "/tmp/hpt_bench_regret_mlp.jsonl"))  # --cache moves it
 
 # Another setting without editing the file: HPT_REGRET='{"ladder": [8, 16, 32, 64], "target": 512, "steps": 200}'
 # (read at import, so the worker processes see it too).
@@ -141,28 +142,6 @@ def run_key(
     }
 
 
-def _key_str(k: dict) -> str:
-    return json.dumps(k, sort_keys=True)
-
-
-@contextlib.contextmanager
-def _schedule(schedule: dict | None):
-    """The `sp-warmup` multiplicative factor on the schedule (what train/loop.py applies to the large
-    run through `training_setup(extra_lr_factor=...)`): `train_proxy` has no such argument, so the
-    schedule function `training_setup` looks up at call time is wrapped for this run only."""
-    import hptransfer.models.setup as M
-    from hptransfer.transfer.schedule import sp_warmup_factor
-
-    orig = M.lr_schedule
-    if schedule:
-        m, tau = float(schedule["m"]), float(schedule["timescale"])
-        M.lr_schedule = lambda s, total, wu=0: orig(s, total, wu) * sp_warmup_factor(s, m, tau)
-    try:
-        yield
-    finally:
-        M.lr_schedule = orig
-
-
 def _train(key: dict) -> dict:
     import torch
 
@@ -171,13 +150,16 @@ def _train(key: dict) -> dict:
     from hptransfer.models import build_model, param_count
     from hptransfer.spec import parse_spec
     from hptransfer.sweep.trial import train_proxy
+    from hptransfer.transfer.schedule import warmup_multiplier
 
     # µP's weight-decay scaling is the rule's (models.setup.weight_decay_scaling): the product's option.
     rule = "mup-standard-wd" if key["wd_mode"] == "standard" else "mup"
     spec = parse_spec(spec_dict(key["par"], LADDER, rule, target=max(TARGET, key["width"])))
     hps = Hyperparameters(lr=key["lr"], weight_decay=key["wd"], warmup_steps=WARMUP)
-    with _schedule(key["schedule"]):
-        m = train_proxy(spec, key["width"], hps, key["seed"], n_reports=1)
+    # `sp-warmup`'s multiplicative warmup on the schedule, as train/loop.py applies it to the large run.
+    plan = {"schedule": {"kind": "sp-warmup", **key["schedule"]}} if key["schedule"] else None
+    extra = (lambda s: warmup_multiplier(s, plan)) if plan else None
+    m = train_proxy(spec, key["width"], hps, key["seed"], n_reports=1, extra_lr_factor=extra)
     # FLOPs ≈ 6·N·D with N the non-embedding parameters (Kaplan et al.): an embedding lookup is a
     # gather, not a matmul; the readout is counted.
     n = param_count(build_model(spec.model, key["width"], base_width=spec.base_width, seed=0), non_embedding=True)
@@ -193,47 +175,16 @@ def _train(key: dict) -> dict:
     }
 
 
-def load_cache() -> dict[str, dict]:
-    out = {}
-    if CACHE.exists():
-        for line in CACHE.read_text().splitlines():
-            try:  # a line cut short by a killed run is skipped, and that run redone
-                r = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            out[_key_str({k: r.get(k) for k in run_key("sp", 1, 1.0)})] = r
-    return out
+def _describe(r: dict) -> str:
+    return (
+        f"{r['par']} w={r['width']} lr={r['lr']:g} wd={r['wd_mode']}{' +warmup' if r['schedule'] else ''} "
+        f"seed={r['seed']} → {r['val_loss']:.4f} ({r['status']}, {r['wall_s']:.0f}s)"
+    )
 
 
-_TRAINED = [0]  # runs trained by this invocation (the rest came from the cache)
-
-
-def run_all(keys: list[dict], procs: int = 2) -> dict[str, dict]:
+def run_all(cache: RunCache, keys: list[dict], procs: int = 2) -> dict[str, dict]:
     """Run the keys not yet cached (widest first, to balance the pool); return all results by key."""
-    cache = load_cache()
-    todo, seen = [], set()
-    for k in keys:
-        s = _key_str(k)
-        if s not in cache and s not in seen:
-            todo.append(k)
-            seen.add(s)
-    todo.sort(key=lambda k: -k["width"])
-    _TRAINED[0] += len(todo)
-    print(f"{len(keys)} runs, {len(todo)} to train ({len(keys) - len(todo)} cached in {CACHE})", flush=True)
-    if todo:
-        t0 = time.perf_counter()
-        with mp.get_context("spawn").Pool(procs) as pool, CACHE.open("a") as f:
-            for i, r in enumerate(pool.imap_unordered(_train, todo), 1):
-                f.write(json.dumps(r) + "\n")
-                f.flush()
-                cache[_key_str({k: r[k] for k in run_key("sp", 1, 1.0)})] = r
-                print(
-                    f"[{i}/{len(todo)} {time.perf_counter() - t0:6.0f}s] {r['par']} w={r['width']} lr={r['lr']:g} "
-                    f"wd={r['wd_mode']}{' +warmup' if r['schedule'] else ''} seed={r['seed']} → {r['val_loss']:.4f} "
-                    f"({r['status']}, {r['wall_s']:.0f}s)",
-                    flush=True,
-                )
-    return {_key_str(k): cache[_key_str(k)] for k in keys}
+    return cache.run(keys, _train, procs=procs, first=lambda k: -k["width"], describe=_describe)
 
 
 def table(results: dict[str, dict] | list[dict], replicate: bool = False):
@@ -254,8 +205,6 @@ def table(results: dict[str, dict] | list[dict], replicate: bool = False):
 
 
 def machine() -> dict:
-    from common import machine_info
-
     return machine_info(
         processes=2,
         torch_threads_per_process=1,
@@ -263,20 +212,7 @@ def machine() -> dict:
     )
 
 
-def t_interval(xs: list[float]) -> tuple[float, float, float]:
-    """Mean and its 95% t-interval (n − 1 dof); a single value has no interval (±inf)."""
-    import numpy as np
-    from scipy.stats import t as student
-
-    a = np.asarray(xs, float)
-    m = float(a.mean())
-    if len(a) < 2:
-        return m, -math.inf, math.inf
-    half = float(student.ppf(0.975, len(a) - 1) * a.std(ddof=1) / math.sqrt(len(a)))
-    return m, m - half, m + half
-
-
-def _ladder(variant: str, res_grid: dict, procs: int) -> tuple:
+def _ladder(cache: RunCache, variant: str, res_grid: dict, procs: int) -> tuple:
     """The ladder as `hpt sweep` runs it: seed 0 on the grid, then replicates of each width's best."""
     import pandas as pd
 
@@ -287,11 +223,11 @@ def _ladder(variant: str, res_grid: dict, procs: int) -> tuple:
     grid_df = table(res_grid)
     points = replicate_points(parse_spec(spec_dict(par, LADDER)), grid_df)
     rep_keys = [run_key(par, p["width"], p["lr"], wd_mode=mode, seed=p["seed"]) for p in points]
-    rep = run_all(rep_keys, procs) if rep_keys else {}
+    rep = run_all(cache, rep_keys, procs)
     return pd.concat([grid_df, table(rep, replicate=True)], ignore_index=True), list(res_grid.values()) + list(rep.values())
 
 
-def _direct_sweep(variant: str, centers: list[float], res: dict, procs: int) -> list[dict]:
+def _direct_sweep(cache: RunCache, variant: str, centers: list[float], res: dict, procs: int) -> list[dict]:
     """The ground truth at the target, on the LR grid, `SEEDS` per LR: first the grid points within
     two steps (×4) of any rule's transferred LR, then one more step outward while the seed-mean
     optimum sits on the swept range's edge — so the best direct LR is bracketed by worse points on
@@ -303,10 +239,10 @@ def _direct_sweep(variant: str, centers: list[float], res: dict, procs: int) -> 
         idx = {min(range(len(grid)), key=lambda i: min(abs(math.log(grid[i] / c)) for c in centers))}
     while True:
         keys = [run_key(par, TARGET, grid[i], wd_mode=mode, seed=s) for i in sorted(idx) for s in SEEDS]
-        res.update(run_all(keys, procs))
+        res.update(run_all(cache, keys, procs))
         mean = {}
         for i in sorted(idx):
-            ls = [res[_key_str(run_key(par, TARGET, grid[i], wd_mode=mode, seed=s))] for s in SEEDS]
+            ls = [res[key_str(run_key(par, TARGET, grid[i], wd_mode=mode, seed=s))] for s in SEEDS]
             ok = all(r["status"] == "ok" and math.isfinite(r["val_loss"]) for r in ls)
             mean[i] = sum(r["val_loss"] for r in ls) / len(ls) if ok else math.inf
         b = min(mean, key=mean.get)
@@ -322,15 +258,22 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--out", type=Path, default=RESULTS / "transfer_regret.json")
+    ap.add_argument("--cache", type=Path, default=CACHE, help=f"JSON-lines run cache (default: {CACHE}; env HPT_BENCH_CACHE)")
+    ap.add_argument(
+        "--cached-only", action="store_true", help="re-plan from the run cache only; refuse if a run would have to be trained"
+    )
     args = ap.parse_args(argv)
+    import numpy as np
+
     from hptransfer.io import save_figure, write_json
     from hptransfer.spec import parse_spec
     from hptransfer.transfer.engine import make_plan
 
     t_start = time.perf_counter()
+    cache = RunCache(args.cache, train=not args.cached_only)
     grid_keys = {v: [run_key(p, w, lr, wd_mode=m) for w in LADDER for lr in GRIDS[p]] for v, (p, m) in VARIANTS.items()}
-    res = run_all([k for ks in grid_keys.values() for k in ks], args.procs)
-    ladders = {v: _ladder(v, {_key_str(k): res[_key_str(k)] for k in grid_keys[v]}, args.procs) for v in VARIANTS}
+    res = run_all(cache, [k for ks in grid_keys.values() for k in ks], args.procs)
+    ladders = {v: _ladder(cache, v, {key_str(k): res[key_str(k)] for k in grid_keys[v]}, args.procs) for v in VARIANTS}
 
     plans = {}
     for name, v, rule in RULES:
@@ -350,11 +293,11 @@ def main(argv: list[str] | None = None) -> dict:
         ]
         for name, v, _ in RULES
     }
-    res.update(run_all([k for ks in transferred.values() for k in ks], args.procs))
+    res.update(run_all(cache, [k for ks in transferred.values() for k in ks], args.procs))
     direct_keys = {}
     for v in VARIANTS:
         centers = [plans[name].hyperparameters["lr"] for name, vv, _ in RULES if vv == v]
-        direct_keys[v] = _direct_sweep(v, centers, res, args.procs)
+        direct_keys[v] = _direct_sweep(cache, v, centers, res, args.procs)
 
     out = {
         "setting": {
@@ -391,24 +334,24 @@ def main(argv: list[str] | None = None) -> dict:
     }
     best_runs = {}
     for v, (p, _) in VARIANTS.items():
-        d = [res[_key_str(k)] for k in direct_keys[v]]
+        d = [res[key_str(k)] for k in direct_keys[v]]
         curve = []
         for lr in sorted({r["lr"] for r in d}):
             runs = [r for r in d if r["lr"] == lr]
             ok = [r["val_loss"] for r in runs if r["status"] == "ok" and math.isfinite(r["val_loss"])]
-            m, lo, hi = t_interval(ok) if len(ok) == len(runs) else (math.nan, math.nan, math.nan)
+            ci = t_interval(ok) if len(ok) == len(runs) else Interval(math.nan, math.nan, math.nan, len(ok))
             curve.append(
                 {
                     "lr": float(f"{lr:.6g}"),
-                    "mean": m,
-                    "ci": [lo, hi],
+                    "mean": ci.mean,
+                    "ci": [ci.lo, ci.hi],
                     "losses": [r["val_loss"] for r in runs],
                     "statuses": [r["status"] for r in runs],
                 }
             )
         best = min((c for c in curve if math.isfinite(c["mean"])), key=lambda c: c["mean"])
         best_runs[v] = {r["seed"]: r for r in d if r["lr"] == best["lr"]}
-        sd = float(__import__("numpy").std(best["losses"], ddof=1)) if len(best["losses"]) > 1 else math.nan
+        sd = float(np.std(best["losses"], ddof=1)) if len(best["losses"]) > 1 else math.nan
         lad_rows = ladders[v][1]
         out["direct"][v] = {
             "parametrization": p,
@@ -430,14 +373,14 @@ def main(argv: list[str] | None = None) -> dict:
     per_seed_regret = {}
     for name, v, rule in RULES:
         plan, dd = plans[name], out["direct"][v]
-        runs = [res[_key_str(k)] for k in transferred[name]]
+        runs = [res[key_str(k)] for k in transferred[name]]
         base = best_runs[v]
         mean_best = dd["best_loss"]
         diffs = [r["val_loss"] - base[r["seed"]]["val_loss"] for r in runs]
         ok = all(math.isfinite(x) for x in diffs)
         per_seed_regret[name] = [x / mean_best for x in diffs] if ok else None
-        rel = t_interval(per_seed_regret[name]) if ok else (None, None, None)
-        ab = t_interval(diffs) if ok else (None, None, None)
+        rel = t_interval(per_seed_regret[name]) if ok else None
+        ab = t_interval(diffs) if ok else None
         diag = plan.diagnostics.model_dump(mode="json")  # the same JSON as the plan file
         out["rules"].append(
             {
@@ -449,13 +392,13 @@ def main(argv: list[str] | None = None) -> dict:
                 "schedule": plan.schedule.get("kind"),
                 "target_losses": [r["val_loss"] for r in runs],
                 "target_statuses": [r["status"] for r in runs],
-                "target_loss": t_interval([r["val_loss"] for r in runs])[0] if ok else math.nan,
+                "target_loss": t_interval([r["val_loss"] for r in runs]).mean if ok else math.nan,
                 "best_direct_lr": dd["best_lr"],
                 "best_direct_loss": mean_best,
-                "relative_regret": rel[0],
-                "regret_ci": [rel[1], rel[2]] if ok else None,
-                "absolute_regret": ab[0],
-                "absolute_regret_ci": [ab[1], ab[2]] if ok else None,
+                "relative_regret": rel.mean if ok else None,
+                "regret_ci": [rel.lo, rel.hi] if ok else None,
+                "absolute_regret": ab.mean if ok else None,
+                "absolute_regret_ci": [ab.lo, ab.hi] if ok else None,
                 "compute_fraction": dd["ladder_flops"] / dd["direct_flops"],
                 "predicted_penalty": diag.get("predicted_penalty"),
                 "predicted_penalty_interval": diag.get("predicted_penalty_interval"),
@@ -472,12 +415,12 @@ def main(argv: list[str] | None = None) -> dict:
     # SP copied vs µP: paired (by seed) difference of relative regrets.
     if per_seed_regret.get("sp-copied (no rule)") and per_seed_regret.get("mup"):
         d = [a - b for a, b in zip(per_seed_regret["sp-copied (no rule)"], per_seed_regret["mup"])]
-        m, lo, hi = t_interval(d)
-        out["sp_copied_minus_mup"] = {"mean": m, "ci": [lo, hi]}
+        ci = t_interval(d)
+        out["sp_copied_minus_mup"] = {"mean": ci.mean, "ci": [ci.lo, ci.hi]}
     # This invocation's wall (a rerun with every run cached only re-plans: seconds) and how many runs
     # it trained; the training itself is total_train_wall_s, summed over the cached runs.
     out["process_wall_s"] = round(time.perf_counter() - t_start, 1)
-    out["runs_trained_this_invocation"] = _TRAINED[0]
+    out["runs_trained_this_invocation"] = cache.trained
     out["total_train_wall_s"] = round(sum(r.get("wall_s") or 0 for r in res.values()), 1)
     png = args.out.with_suffix(".png")
     save_figure(_figure(out), png)

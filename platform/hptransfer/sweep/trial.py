@@ -37,9 +37,11 @@ def train_proxy(
     *,
     device: torch.device | str = "cpu",
     precision: str | None = None,
+    extra_lr_factor: Callable[[int], float] | None = None,
 ) -> dict:
     """Train one proxy model on `device` in `precision` (default: `sweep.precision`); returns the
-    final metrics. `report` gets `n_reports` evaluations."""
+    final metrics. `report` gets `n_reports` evaluations. `extra_lr_factor` multiplies the LR
+    schedule as in the large run (`training_setup`; e.g. `sp-warmup`'s warmup at the target)."""
     from hptransfer.data import open_corpus
     from hptransfer.models import evaluate, lm_logits, training_setup
     from hptransfer.models.build import lm_loss
@@ -50,7 +52,14 @@ def train_proxy(
     val = corpus.val_batches(spec.data.eval_batches, spec.sweep.batch_size, spec.model.seq_len)
     steps = spec.sweep.steps
     run = training_setup(
-        spec.model, width, base_width=spec.base_width, hps=hps, total_steps=steps, seed=seed, rule=spec.transfer.rule
+        spec.model,
+        width,
+        base_width=spec.base_width,
+        hps=hps,
+        total_steps=steps,
+        seed=seed,
+        rule=spec.transfer.rule,
+        extra_lr_factor=extra_lr_factor,
     )
     device, precision = torch.device(device), precision or spec.sweep.precision
     # In place: the optimizer built by training_setup keeps the same (now moved) parameters.
