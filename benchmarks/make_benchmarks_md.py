@@ -17,6 +17,7 @@ import difflib
 import json
 import math
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -54,11 +55,30 @@ def script_doc(stem: str) -> tuple[str, str | None]:
     return first, run.group(1).strip() if run else f".venv/bin/python benchmarks/{stem}.py"
 
 
+def result_date(d: dict, path: Path) -> str:
+    """When a result was measured, as it records it (`date`, else `machine.date_utc`). A result that
+    records none gets its commit time, so a fresh clone renders the same page; the file's time only
+    for a result not committed as it is (a checkout resets file times)."""
+    m = d.get("machine")
+    recorded = d.get("date") or (m.get("date_utc") if isinstance(m, dict) else None)
+    if recorded:
+        return recorded
+    git = ["git", "-C", str(ROOT)]
+    try:
+        modified = subprocess.run([*git, "status", "--porcelain", "--", str(path)], capture_output=True, text=True, check=True)
+        committed = subprocess.run(
+            [*git, "log", "-1", "--format=%cI", "--", str(path)], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):  # no git, or not a repository
+        modified = committed = None
+    if modified is not None and not modified.stdout.strip() and committed.stdout.strip():
+        return f"{committed.stdout.strip()} (committed)"
+    return dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds") + " (file time)"
+
+
 def header(stem: str, d: dict, path: Path) -> str:
     title, run = script_doc(stem)
-    date = d.get("date") or (
-        dt.datetime.fromtimestamp(path.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds") + " (file time)"
-    )
+    date = result_date(d, path)
     m = d.get("machine")
     machine = ", ".join(f"{k}={v}" for k, v in m.items()) if isinstance(m, dict) else (m or "not recorded")
     fig = d.get("figure") or (f"benchmarks/results/{stem}.png" if (RESULTS / f"{stem}.png").is_file() else None)

@@ -59,6 +59,16 @@ def test_every_benchmark_answers_help_without_running():
         assert p.returncode == 0 and "usage:" in text, (stem, text[-2000:])
 
 
+def test_benchmarks_md_is_what_the_results_give():
+    """BENCHMARKS.md is generated, never typed: a result or a generator edited without regenerating
+    it fails here (and the page renders the same on a fresh clone: no file times in it)."""
+    import make_benchmarks_md
+
+    assert make_benchmarks_md.render() == (ROOT / "BENCHMARKS.md").read_text(), (
+        "rerun .venv/bin/python benchmarks/make_benchmarks_md.py"
+    )
+
+
 # --- intervals and verdicts ---------------------------------------------------------------------
 
 
