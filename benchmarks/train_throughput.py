@@ -125,6 +125,7 @@ def plain_loop(plan, threads: int) -> dict:
 
     from hptransfer.data import load_corpus
     from hptransfer.models import lm_logits, param_count, training_setup
+    from hptransfer.models.build import lm_loss
 
     torch.set_num_threads(threads)
     steps, B, T = plan.target.steps, plan.target.batch_size, plan.target.seq_len
@@ -141,7 +142,7 @@ def plain_loop(plan, threads: int) -> dict:
         ts = time.perf_counter()
         x, y = corpus.batch("train", step, B, T, seed=plan.seed)
         logits = lm_logits(model, x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss = lm_loss(logits, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         run.clip_gradients()
@@ -203,18 +204,21 @@ def hpt_train(plan, out: Path, tracking_uri: str | None = None, **knobs) -> dict
 
 
 def twin_loop(config: dict) -> None:
-    """The set-up of train/loop.py with a timer around every phase (no checkpoints, no tracking)."""
+    """The large run's own set-up (train/plain.py's `training_run` and `deepspeed_engine`, the two
+    halves of its recipe's set-up) and step, with a timer around every phase (no checkpoints, no
+    tracking)."""
     t_enter = time.time()
-    import deepspeed
+    import deepspeed  # noqa: F401  (its import is timed with the others, as the large run pays it)
     import ray.train
     import torch
     import torch.distributed as dist
 
     from hptransfer.data import load_corpus
     from hptransfer.io import write_json
-    from hptransfer.models import lm_logits, training_setup
+    from hptransfer.models import lm_logits
+    from hptransfer.models.build import lm_loss
     from hptransfer.plan import TransferPlan
-    from hptransfer.train.dsconfig import deepspeed_config
+    from hptransfer.train.plain import deepspeed_engine, training_run
 
     t_import = time.time()
     plan = TransferPlan.model_validate(config["plan"])
@@ -222,15 +226,10 @@ def twin_loop(config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(1)
     steps, B, T = plan.target.steps, plan.target.batch_size, plan.target.seq_len
-    run = training_setup(
-        plan.model, plan.target.width, base_width=plan.base_width, hps=plan.hps, total_steps=steps, seed=plan.seed
-    )
+    run = training_run(plan)
     model = run.model
-    ds_cfg = deepspeed_config(plan, world)
     t_model = time.time()
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=run.optimizer, config=ds_cfg, lr_scheduler=lambda opt: run.scheduler(opt)
-    )
+    engine, ds_cfg = deepspeed_engine(plan, run, world)
     t_ds = time.time()
     corpus = load_corpus(plan.data.val_fraction, plan.data.max_files)
     numel = sum(p.numel() for p in model.parameters())
@@ -261,7 +260,7 @@ def twin_loop(config: dict) -> None:
         for i in range(0, len(x), micro):
             a = time.perf_counter()
             logits = lm_logits(engine, x[i : i + micro])
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[i : i + micro].reshape(-1))
+            loss = lm_loss(logits, y[i : i + micro])
             b = time.perf_counter()
             engine.backward(loss)
             c = time.perf_counter()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from hptransfer.context import StudyContext
 from hptransfer.plan import TargetShape, TransferPlan
 from hptransfer.spec import parse_spec
-from hptransfer.study import Study
 
 from conftest import tiny_spec_dict
 
@@ -45,7 +45,7 @@ def run_train(plan: TransferPlan, root: Path, **kw) -> dict:
     """The large run into root/train (a study folder without a spec, as `hpt train PLAN` makes)."""
     from hptransfer.train.runner import run_train as run
 
-    return run(Study(None, root, name=plan.study), plan, **kw)
+    return run(StudyContext(None, root, name=plan.study), plan, **kw)
 
 
 def _kill_rank1_after_first_checkpoint(root: Path, killed: list):
@@ -118,15 +118,18 @@ def test_killed_worker_restarts_from_checkpoint_and_matches(uninterrupted, tmp_p
 
 def test_stopped_run_continues_with_resume(uninterrupted, tmp_path):
     from hptransfer.errors import PlanError
+    from hptransfer.train.runner import TrainingStopped
 
     _, ref = uninterrupted
     killed = []
     watcher = threading.Thread(target=_kill_rank1_after_first_checkpoint, args=(tmp_path, killed), daemon=True)
     watcher.start()
-    with pytest.raises(Exception):  # no restarts allowed: the run stops
+    with pytest.raises(TrainingStopped) as stopped:  # no restarts allowed: the run stops
         run_train(_plan(max_failures=0), tmp_path)
     watcher.join(5)
     assert killed
+    # The error names the field that allowed no restart, and how to continue.
+    assert "train.max_failures=0" in str(stopped.value) and "--resume" in str(stopped.value), stopped.value
     with pytest.raises(PlanError, match="--resume"):
         run_train(_plan(), tmp_path)  # refuses to silently overwrite the stopped run
     metrics = run_train(_plan(), tmp_path, resume=True)

@@ -129,13 +129,8 @@ def train_stage(
     for w in warnings:
         log(f"WARNING: {w}")
         logging.getLogger(__name__).warning("%s", w)
-    with study.lock():
-        if plan.rule == "dp":  # the DP plan trains privately: Opacus on Ray Train (train/private.py)
-            from hptransfer.train.private import run_private_train
-
-            metrics = run_private_train(study, plan, resume=resume, restart=restart, log=log)
-        else:
-            metrics = run_train(study, plan, resume=resume, restart=restart, log=log)
+    with study.lock():  # a `dp` plan trains privately (run_train picks its recipe: train/private.py)
+        metrics = run_train(study, plan, resume=resume, restart=restart, log=log)
     # A private run is not judged against the non-private ladder's prediction: DP noise costs loss.
     check = (
         check_target(plan.diagnostics, metrics.get("val_loss"))

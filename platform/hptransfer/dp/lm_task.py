@@ -13,8 +13,8 @@ It is the private large run (`train.private`) at sweep scale, built from the sam
   normalized form (update (Σ clip_C(g_i) + N(0, σ²C²)) / (B·C), so the LR does not depend on C), and
   ε spent read from Opacus' accountant at the end (the run raises if it exceeds the target).
 
-One example's gradient is that of its mean next-token loss (cross-entropy averaged over the batch's
-tokens; Opacus rescales by the batch size), as in the large run. The validation loss is on the
+One example's gradient is that of its mean next-token loss (`models.build.lm_loss`: cross-entropy
+averaged over the batch's tokens; Opacus rescales by the batch size), as in the large run. The validation loss is on the
 corpus' validation split, the same fixed batches for every trial; it is computed from held-out data
 and is not covered by ε.
 """
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hptransfer.errors import DPError, Problem
+from hptransfer.models.build import lm_loss  # re-exported: benchmarks/dp_lm.py imports it from here
 from hptransfer.spec import ModelSpec, StudySpec
 
 
@@ -95,12 +96,6 @@ def load_lm_task(spec: StudySpec, width: int | None = None) -> LMTask:
         rule=spec.transfer.rule,
         init_from=spec.dp.init_from,
     )
-
-
-def lm_loss(output, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy of a model output (logits, or an HF output with `.logits`)."""
-    logits = output if isinstance(output, torch.Tensor) else output.logits
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def run_dp_lm_finetune(

@@ -12,6 +12,9 @@ What makes the run private, and where each piece comes from:
   is exactly the normalized form, which decouples the learning rate from C;
 - ε spent, read from the engine's accountant after every pass over the data and at the end; the
   run refuses to start if (σ, q, T) would exceed the target, and raises if it ever did.
+
+`train_dp` is the single-process loop of a dp-sweep trial (digits and LM tasks); the private large
+run (train/private.py, on Ray Train) wraps its optimizer with the same `make_private_normalized`.
 """
 
 from __future__ import annotations

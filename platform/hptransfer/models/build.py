@@ -200,8 +200,11 @@ def lm_logits(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy, computed in fp32 whatever the logits' dtype (bf16 runs)."""
+def lm_loss(logits, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over every token of the batch, computed in fp32 whatever the
+    logits' dtype (bf16 runs). `logits`: [B, T, V], or an HF output holding them (`.logits`), as a
+    model wrapped by Opacus returns. The one loss of sweep trials, the large runs and DP trials."""
+    logits = logits if isinstance(logits, torch.Tensor) else logits.logits
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 

@@ -1,7 +1,9 @@
-"""`hpt train PLAN` for a `dp` plan: the large run, trained privately on Ray Train workers with
-Opacus' distributed DP (DPDDP, gloo on CPU), DP-Adam in the normalized clipping form
-(`dp.train.make_private_normalized`, as the digits runs). DeepSpeed and Opacus do not combine, so
-this path is plain torch.distributed; `pipeline.train_stage` sends `dp` plans here.
+"""The private large run's recipe (`hpt train PLAN` for a `dp` plan): the large run, trained
+privately on Ray Train workers with Opacus' distributed DP (DPDDP, gloo on CPU), DP-Adam in the
+normalized clipping form (`dp.train.make_private_normalized`, as the dp-sweep trials). DeepSpeed and
+Opacus do not combine, so this recipe is plain torch.distributed; `train.runner.run_train` picks it
+for a `dp` plan, and the one loop of `train/loop.py` drives it. What it brings of its own: the
+Poisson sampler (`poisson_sample`), the optimizer wrapper (Opacus' DPOptimizer) and the accountant.
 
 What the plan fixes, and where each number comes from:
 - the examples: N fixed-length sequences of `seq_len + 1` tokens cut from the training split of the
@@ -41,24 +43,20 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import secrets
-import shutil
-import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hptransfer.errors import DPError, PlanError, Problem
-from hptransfer.io import write_json
-from hptransfer.plan import TransferPlan, save_plan
-from hptransfer.study import TrainPaths
+from hptransfer.layout import TrainPaths
+from hptransfer.plan import TransferPlan
+from hptransfer.train.recipe import Launch, StepResult
 
 if TYPE_CHECKING:
-    from hptransfer.study import Study
+    from hptransfer.train.loop import WorkerKit
 
-MLFLOW_WRITES = 50  # rank 0's per-step metrics go to MLflow in at most ~50 batches per run
 NOT_PRIVATE = "train_loss and val_loss are computed on private data and are not covered by epsilon"
 
 
@@ -208,36 +206,22 @@ def _init_from_problems(plan: TransferPlan, folder: str) -> list[str]:
     return check_init_from(folder, model)
 
 
-def run_private_train(
-    study: Study,
-    plan: TransferPlan,
-    *,
-    resume: bool = False,
-    restart: bool = False,
-    log=print,
-    dp_seed: int | None = None,
-    mlflow_every: int | None = None,
-) -> dict:
-    """Run (or, with resume=True, continue from its latest checkpoint) the private large run into
-    the study's train/ folder; returns rank 0's final metrics (with `epsilon_spent`, `delta`)."""
+def launch(plan: TransferPlan, *, dp_seed: int | None = None) -> Launch:
+    """The driver's part: the plan's DP settings checked against the data before anything is
+    written; the run's seed drawn secretly (`dp_seed` only for reproducible research runs)."""
     from hptransfer.dp.lm import sequence_count
-    from hptransfer.train.runner import fit_on_ray_train, prepare_train_dir
 
-    paths = study.paths.train
-    run = check_private_plan(plan, sequence_count(plan.data, plan.target.seq_len))  # before anything is written
-    if prepare_train_dir(study, plan, resume=resume, restart=restart, log=log):
-        _check_same_privacy(paths.plan, run)
-    tracker = study.tracker(f"{plan.study}-train", kind="train", tags={"rule": plan.rule, "private": "true"})
-    tracker.log_params(
-        {
-            "width": plan.target.width,
-            "steps": run.steps,
-            "batch_size": run.batch_size,
-            "rule": plan.rule,
-            "parametrization": plan.model.parametrization,
-            "family": plan.model.family,
-            "depth": plan.model.depth,
-            "workers": plan.train.workers,
+    run = check_private_plan(plan, sequence_count(plan.data, plan.target.seq_len))
+    return Launch(
+        recipe="private",
+        announce=(
+            f"train (DP): width {plan.target.width}, N={run.dataset_size} sequences of {plan.target.seq_len + 1} tokens, "
+            f"B={run.batch_size} (q={run.sample_rate:.4g}), T={run.steps} steps ({run.epochs:.3g} epochs), "
+            f"σ={run.noise_multiplier:.4g}, C={run.clip:g}, ε={run.epsilon:g} (planned {run.planned_epsilon:.4g}), "
+            f"δ={run.delta:g}, {plan.train.workers} workers, lr {plan.hps.lr:.4g}, "
+            f"from {run.init_from or 'a fresh model'}"
+        ),
+        params={
             "dp.dataset_size": run.dataset_size,
             "dp.sample_rate": run.sample_rate,
             "dp.noise_multiplier": run.noise_multiplier,
@@ -247,53 +231,15 @@ def run_private_train(
             "dp.accountant": run.accountant,
             "dp.lr_source": plan.dp.get("lr_source", "?"),
             "dp.init_from": run.init_from or "fresh",
-            **{f"hp.{k}": v for k, v in plan.hps.as_dict().items()},
-        }
+        },
+        tags={"private": "true"},
+        loop_config={"run": asdict(run), "seed": dp_seed if dp_seed is not None else secrets.randbits(62)},
+        check_resume=lambda previous_plan: _check_same_privacy(previous_plan, run),
+        summary=lambda m: (
+            f"train (DP): ε spent {m.get('epsilon_spent', float('nan')):.4g} of {run.epsilon:g} "
+            f"(δ={run.delta:g}), status {m.get('status')}"
+        ),
     )
-    save_plan(plan, paths.plan)  # the plan this run trains (a resume checks it)
-    log(
-        f"train (DP): width {plan.target.width}, N={run.dataset_size} sequences of {plan.target.seq_len + 1} tokens, "
-        f"B={run.batch_size} (q={run.sample_rate:.4g}), T={run.steps} steps ({run.epochs:.3g} epochs), "
-        f"σ={run.noise_multiplier:.4g}, C={run.clip:g}, ε={run.epsilon:g} (planned {run.planned_epsilon:.4g}), "
-        f"δ={run.delta:g}, {plan.train.workers} workers, lr {plan.hps.lr:.4g}, "
-        f"from {run.init_from or 'a fresh model'}"
-    )
-    with study.ray_session():
-        result = fit_on_ray_train(
-            study,
-            plan,
-            private_loop_per_worker,
-            {
-                "plan": plan.model_dump(mode="json"),
-                "run": asdict(run),
-                "out_dir": str(paths.root),
-                "tracking_uri": study.tracking_uri,
-                "experiment": study.experiment,
-                "run_id": tracker.run_id,
-                "mlflow_every": mlflow_every,
-                "seed": dp_seed if dp_seed is not None else secrets.randbits(62),
-            },
-            tracker,
-        )
-    metrics = dict(result.metrics or {})
-    for path in (paths.metrics, paths.plan, paths.hf_model):
-        if path.exists():
-            tracker.log_artifact(path)
-    tracker.log_metrics(
-        {
-            f"final_{k}": v
-            for k, v in metrics.items()
-            if k in ("train_loss", "val_loss", "initial_val_loss", "tokens_per_s", "epsilon_spent")
-        }
-    )
-    tracker.end("FINISHED" if metrics.get("status") == "ok" else "FAILED")
-    log(
-        f"train (DP): ε spent {metrics.get('epsilon_spent', float('nan')):.4g} of {run.epsilon:g} "
-        f"(δ={run.delta:g}), status {metrics.get('status')}"
-    )
-    metrics["mlflow_run_id"] = tracker.run_id
-    metrics["checkpoint"] = result.checkpoint.path if result.checkpoint else None
-    return metrics
 
 
 def _check_same_privacy(previous_plan: Path, run: PrivateRun) -> None:
@@ -315,7 +261,7 @@ def _check_same_privacy(previous_plan: Path, run: PrivateRun) -> None:
         )
 
 
-# --- one Ray Train worker -----------------------------------------------------------------------
+# --- the recipe in a worker: sampler, optimizer wrapper, accountant -----------------------------
 
 
 def _seed(base: int, step: int, stream: str) -> int:
@@ -324,235 +270,193 @@ def _seed(base: int, step: int, stream: str) -> int:
     return int.from_bytes(h[:8], "big") >> 1
 
 
+def poisson_sample(shard, sample_rate: float, seed: int, step: int, rank: int):
+    """This rank's examples in the batch of `step`: each of `shard` kept with probability q,
+    independently, from a generator seeded by (run seed, step, rank)."""
+    import torch
+
+    g = torch.Generator().manual_seed(_seed(seed, step, f"sample/{rank}"))
+    return shard[torch.rand(len(shard), generator=g) < sample_rate]
+
+
 def recorded_steps(accountant) -> int:
     """Steps the accountant has recorded (its history is (σ, q, steps) runs)."""
     return sum(int(k) for _, _, k in accountant.history)
 
 
-def private_loop_per_worker(config: dict[str, Any]) -> None:
-    import ray.train
-    import torch
-    import torch.distributed as dist
-    from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
-    from torch.utils.data import TensorDataset
+class PrivateRecipe:
+    flush_keys = ("epsilon_spent",)  # ε reaches MLflow at every expected epoch
 
-    from hptransfer.data import open_corpus
-    from hptransfer.dp.lm import load_init_from, private_sequences, register_mu_readout
-    from hptransfer.dp.train import make_private_normalized
-    from hptransfer.models import evaluate, lm_logits, training_setup
-    from hptransfer.models.device import worker_device
-    from hptransfer.models.handoff import save_handoff
-    from hptransfer.tracking import BatchedMetrics, MlflowTracker, NullTracker
-    from hptransfer.train.progress import Progress
-    from hptransfer.transfer.schedule import warmup_multiplier
+    def __init__(self, kit: WorkerKit):
+        self.kit, self.plan = kit, kit.plan
+        self.run = PrivateRun(**kit.config["run"])
 
-    plan = TransferPlan.model_validate(config["plan"])
-    run = PrivateRun(**config["run"])
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.set_num_threads(max(1, int(plan.train.cpus_per_worker)))
-    # Batches go to the worker's device; evaluation follows the model. Always fp32: the private run
-    # has no bf16 mode (train.precision applies to the DeepSpeed large run).
-    device = worker_device(plan.train.gpus_per_worker)
-    paths = TrainPaths(Path(config["out_dir"]))
-    paths.pids.mkdir(parents=True, exist_ok=True)
-    (paths.pids / f"rank{rank}").write_text(str(os.getpid()))  # lets an operator (or a test) find a worker
-    register_mu_readout()
+    def setup(self, restored: Path | None) -> dict[str, Any]:
+        import torch
+        from opacus.distributed import DifferentiallyPrivateDistributedDataParallel as DPDDP
+        from torch.utils.data import TensorDataset
 
-    setup = training_setup(
-        plan.model,
-        plan.target.width,
-        base_width=plan.base_width,
-        hps=plan.hps,
-        total_steps=run.steps,
-        seed=plan.seed,
-        extra_lr_factor=lambda s: warmup_multiplier(s, plan),
-        rule=plan.rule,
-    )
-    model, opt = setup.model.to(device), setup.optimizer
-    sched = setup.scheduler(opt)
-    state = None
-    restored = ray.train.get_checkpoint()
-    if restored:
-        with restored.as_directory() as d:
-            state = torch.load(TrainPaths.dp_state(Path(d)), map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-    elif run.init_from:  # fine-tune a handed-off model (checked against the plan by the driver)
-        load_init_from(model, run.init_from)
-    seqs = private_sequences(plan.data, plan.target.seq_len, run.dataset_size)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Opacus' "secure RNG turned off" and hook warnings
-        engine, gsm, dp_opt, _ = make_private_normalized(
-            DPDDP(model),
-            opt,
-            TensorDataset(seqs),
-            batch_size=run.batch_size,
-            noise_multiplier=run.noise_multiplier,
-            clip=run.clip,
-            accountant=run.accountant,
-            distributed=True,
-        )  # its loader is unused: we sample below
-    start, history, seed = 0, [], config["seed"]
-    if state:
-        engine.accountant.load_state_dict(state["accountant"])
-        start, history, seed = state["step"], state["history"], state["seed"]
-    params = dp_opt.params  # what the DP optimizer clips and noises
-    shard = torch.arange(rank, run.dataset_size, world)  # this rank's examples
-    tracker = BatchedMetrics(
-        MlflowTracker(config["tracking_uri"], config["experiment"], run_id=config["run_id"])
-        if rank == 0 and config.get("run_id")
-        else NullTracker(),
-        config.get("mlflow_every") or math.ceil(run.steps / MLFLOW_WRITES),
-    )  # steps per write
-    if restored:
-        tracker.set_tags({"resumed_from_step": start})
-    val = (
-        open_corpus(plan.data).val_batches(plan.data.eval_batches, min(run.batch_size, 16), plan.target.seq_len)
-        if rank == 0
-        else []
-    )
-    progress = Progress(paths, run.steps, start, enabled=rank == 0)
-    # The starting model's validation loss (a fine-tune is judged against where it started).
-    initial_val = state.get("initial_val_loss") if state else (evaluate(model, val) if rank == 0 else None)
-    t0, tokens, status = time.perf_counter(), 0, "ok"
-    metrics: dict[str, Any] = dict(history[-1]) if history else {"step": start}
-    for step in range(start + 1, run.steps + 1):
-        if recorded_steps(engine.accountant) >= run.steps:  # never account more steps than the budget's T
-            status = "budget_exhausted"
-            break
-        g = torch.Generator().manual_seed(_seed(seed, step, f"sample/{rank}"))
-        idx = shard[torch.rand(len(shard), generator=g) < run.sample_rate]
-        x, y = seqs[idx, :-1].to(device), seqs[idx, 1:].to(device)
+        from hptransfer.data import open_corpus
+        from hptransfer.dp.lm import load_init_from, private_sequences, register_mu_readout
+        from hptransfer.dp.train import make_private_normalized
+        from hptransfer.models import evaluate, training_setup
+        from hptransfer.models.device import worker_device
+        from hptransfer.transfer.schedule import warmup_multiplier
+
+        plan, run, rank, world = self.plan, self.run, self.kit.rank, self.kit.world
+        # Batches go to the worker's device; evaluation follows the model. Always fp32: the private run
+        # has no bf16 mode (train.precision applies to the DeepSpeed large run).
+        self.device = device = worker_device(plan.train.gpus_per_worker)
+        register_mu_readout()
+        setup = training_setup(
+            plan.model,
+            plan.target.width,
+            base_width=plan.base_width,
+            hps=plan.hps,
+            total_steps=run.steps,
+            seed=plan.seed,
+            extra_lr_factor=lambda s: warmup_multiplier(s, plan),
+            rule=plan.rule,
+        )
+        self.lr_factor = setup.lr_factor
+        self.model, self.opt = setup.model.to(device), setup.optimizer
+        self.sched = setup.scheduler(self.opt)
+        state = {}
+        if restored is not None:
+            state = torch.load(TrainPaths.dp_state(restored), map_location=device, weights_only=False)
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
+            self.sched.load_state_dict(state["scheduler"])
+        elif run.init_from:  # fine-tune a handed-off model (checked against the plan by the driver)
+            load_init_from(self.model, run.init_from)
+        self.seqs = private_sequences(plan.data, plan.target.seq_len, run.dataset_size)
+        # The optimizer wrapper: per-example clipping, rank 0's noise, the accountant at q = B/N.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Opacus' "secure RNG turned off" and hook warnings
+            self.engine, self.gsm, self.dp_opt, _ = make_private_normalized(
+                DPDDP(self.model),
+                self.opt,
+                TensorDataset(self.seqs),
+                batch_size=run.batch_size,
+                noise_multiplier=run.noise_multiplier,
+                clip=run.clip,
+                accountant=run.accountant,
+                distributed=True,
+            )  # its loader is unused: `poisson_sample` draws each step's batch
+        if state:
+            self.engine.accountant.load_state_dict(state["accountant"])
+        self.seed = state.get("seed", self.kit.config["seed"])
+        self.shard = torch.arange(rank, run.dataset_size, world)  # this rank's examples
+        self.val = (
+            open_corpus(plan.data).val_batches(plan.data.eval_batches, min(run.batch_size, 16), plan.target.seq_len)
+            if rank == 0
+            else []
+        )
+        # The starting model's validation loss (a fine-tune is judged against where it started).
+        self.initial_val = state.get("initial_val_loss") if state else (evaluate(self.model, self.val) if rank == 0 else None)
+        return {k: state[k] for k in ("step", "history") if k in state}
+
+    def stop_before(self, step: int) -> str | None:
+        # Never account more steps than the budget's T.
+        return "budget_exhausted" if recorded_steps(self.engine.accountant) >= self.run.steps else None
+
+    def step(self, step: int) -> StepResult:
+        import torch
+        import torch.distributed as dist
+
+        from hptransfer.models import lm_logits
+        from hptransfer.models.build import lm_loss
+
+        run, rank, device, dp_opt = self.run, self.kit.rank, self.device, self.dp_opt
+        idx = poisson_sample(self.shard, run.sample_rate, self.seed, step, rank)
+        x, y = self.seqs[idx, :-1].to(device), self.seqs[idx, 1:].to(device)
         if rank == 0:  # the noise of this step (only rank 0 adds noise)
-            dp_opt.generator = torch.Generator(device=device).manual_seed(_seed(seed, step, "noise"))
+            dp_opt.generator = torch.Generator(device=device).manual_seed(_seed(self.seed, step, "noise"))
         dp_opt.zero_grad(set_to_none=True)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
             if len(idx):
-                logits = lm_logits(gsm, x)
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+                loss = lm_loss(lm_logits(self.gsm, x), y)
                 loss.backward()
                 loss_sum = float(loss.detach()) * len(idx)
             else:  # an empty Poisson sample on this rank: no gradient, but it joins the step (and its noise)
-                for p in params:
+                for p in dp_opt.params:
                     p.grad_sample = p.new_zeros((0, *p.shape))
                 loss_sum = 0.0
             dp_opt.step()  # clip, noise (rank 0), 1/B, ÷C, all-reduce, Adam; the accountant records (σ, q)
-        sched.step()
+        self.sched.step()
         stats = torch.tensor([loss_sum, float(len(idx))], device=device)  # NCCL reduces device tensors only
         dist.all_reduce(stats)
         loss_total, sampled = stats.tolist()
-        tokens += int(sampled) * plan.target.seq_len
-        metrics = {
-            "step": step,
-            "train_loss": loss_total / max(sampled, 1.0),
-            "sampled_batch": int(sampled),
-            "lr": plan.hps.lr * setup.lr_factor(step - 1),
-            "tokens_per_s": tokens / max(time.perf_counter() - t0, 1e-9),
-        }
+        extra: dict[str, Any] = {"sampled_batch": int(sampled)}
         if math.floor(step * run.sample_rate) > math.floor((step - 1) * run.sample_rate) or step == run.steps:
-            metrics["epoch"] = step * run.sample_rate  # an expected epoch ended: ε spent so far
+            extra["epoch"] = step * run.sample_rate  # an expected epoch ended: ε spent so far
             if rank == 0:
-                metrics["epsilon_spent"] = float(engine.get_epsilon(run.delta))
-        if rank == 0 and (step % plan.train.eval_every == 0 or step == run.steps):
-            metrics["val_loss"] = evaluate(model, val)
-        if not math.isfinite(metrics["train_loss"]):
-            status = "diverged"
-        history.append(metrics)
-        tracker.log_metrics({k: v for k, v in metrics.items() if k != "step"}, step=step)
-        if "epsilon_spent" in metrics:
-            tracker.flush()  # ε reaches MLflow at every epoch
-        progress.step(metrics)
-        if status != "ok":
-            break
-        every = plan.train.checkpoint_every
-        if every and step % every == 0 and step < run.steps:
-            tracker.flush()
-            ckpt_dir, ckpt = _save(paths, step, rank, model, opt, sched, engine, history, seed, initial_val)
-            ray.train.report(dict(metrics), checkpoint=ckpt)
-            if rank == 0:
-                shutil.rmtree(ckpt_dir, ignore_errors=True)  # Ray Train has persisted its own copy
-            progress.checkpoint(step)
+                extra["epsilon_spent"] = float(self.engine.get_epsilon(run.delta))
+        return StepResult(loss_total / max(sampled, 1.0), int(sampled) * self.plan.target.seq_len, extra)
 
-    tracker.flush()
-    eps = float(engine.get_epsilon(run.delta))  # the plan's accountant at its default precision
-    hist = [(float(s), float(r), int(k)) for s, r, k in engine.accountant.history]
-    final = {
-        **metrics,
-        "status": status,
-        "epsilon_spent": eps,
-        "delta": run.delta,
-        "target_epsilon": run.epsilon,
-        "accountant": run.accountant,
-        "noise_multiplier": run.noise_multiplier,
-        "sample_rate": run.sample_rate,
-        "clip": run.clip,
-        "dataset_size": run.dataset_size,
-        "batch_size": run.batch_size,
-        "steps": run.steps,
-        "accounted_steps": recorded_steps(engine.accountant),
-        "resumed_from_step": start,
-        "initial_val_loss": initial_val,
-        "init_from": run.init_from,
-        "wall_s": time.perf_counter() - t0,
-    }
-    if eps > run.epsilon:  # cannot happen when the driver's check passed; never report it as ok
-        final["status"] = "budget_exceeded"
-    if status == "ok" and final["accounted_steps"] != run.steps:
-        final["status"] = "budget_exhausted"
-    ckpt_dir, ckpt = _save(paths, final["step"], rank, model, opt, sched, engine, history, seed, initial_val)
-    if rank == 0:
+    def evaluate(self) -> float | None:
+        from hptransfer.models import evaluate
+
+        return evaluate(self.model, self.val) if self.kit.rank == 0 else None
+
+    def save_checkpoint(self, folder: Path, client: dict[str, Any]) -> None:
+        """Rank 0 writes the checkpoint (the ranks hold identical states)."""
+        import torch
+
+        if self.kit.rank != 0:
+            return
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "scheduler": self.sched.state_dict(),
+            "accountant": self.engine.accountant.state_dict(),
+            **client,
+            "seed": self.seed,
+            "initial_val_loss": self.initial_val,
+        }
+        torch.save(state, TrainPaths.dp_state(folder))
+
+    def finish(self, final: dict[str, Any]) -> dict[str, Any]:
+        run = self.run
+        eps = float(self.engine.get_epsilon(run.delta))  # the plan's accountant at its default precision
+        final = {
+            **final,
+            "epsilon_spent": eps,
+            "delta": run.delta,
+            "target_epsilon": run.epsilon,
+            "accountant": run.accountant,
+            "noise_multiplier": run.noise_multiplier,
+            "sample_rate": run.sample_rate,
+            "clip": run.clip,
+            "dataset_size": run.dataset_size,
+            "batch_size": run.batch_size,
+            "steps": run.steps,
+            "accounted_steps": recorded_steps(self.engine.accountant),
+            "initial_val_loss": self.initial_val,
+            "init_from": run.init_from,
+        }
+        if eps > run.epsilon:  # cannot happen when the driver's check passed; never report it as ok
+            final["status"] = "budget_exceeded"
+        if final["status"] == "ok" and final["accounted_steps"] != run.steps:
+            final["status"] = "budget_exhausted"
+        return final
+
+    def save(self, final: dict[str, Any], history: list[dict]) -> None:
         sizes = [h["sampled_batch"] for h in history]
-        write_json(
-            paths.metrics,
+        hist = [(float(s), float(r), int(k)) for s, r, k in self.engine.accountant.history]
+        self.kit.write_metrics(
             {
                 "final": {**final, "mean_sampled_batch": sum(sizes) / max(len(sizes), 1)},
                 "history": history,
-                "dp": {**asdict(run), "accountant_history": hist, "note": NOT_PRIVATE},
-            },
+                "dp": {**asdict(self.run), "accountant_history": hist, "note": NOT_PRIVATE},
+            }
         )
-        save_handoff(
-            model,
-            paths.hf_model,
-            spec_model=plan.model,
-            width=plan.target.width,
-            base_width=plan.base_width,
-            plan_dict=plan.model_dump(mode="json"),
-        )
-    progress.finish(final)
-    ray.train.report(final, checkpoint=ckpt)
-    if rank == 0:
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
-    if final["status"] == "budget_exceeded":
-        from hptransfer.dp.train import PrivacyBudgetExceeded
+        self.kit.save_handoff(self.model)
 
-        raise PrivacyBudgetExceeded(f"accountant reports ε={eps:.4g} > target {run.epsilon:g}")
+    def check(self, final: dict[str, Any]) -> None:
+        if final["status"] == "budget_exceeded":
+            from hptransfer.dp.train import PrivacyBudgetExceeded
 
-
-def _save(
-    paths: TrainPaths, step: int, rank: int, model, opt, sched, engine, history: list, seed: int, initial_val: float | None
-):
-    """Rank 0 writes the checkpoint (the ranks hold identical states); every rank reports."""
-    import ray.train
-    import torch
-
-    d = paths.checkpoints_local / f"dp_step{step:07d}"
-    if rank != 0:
-        return d, None
-    d.mkdir(parents=True, exist_ok=True)
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
-            "scheduler": sched.state_dict(),
-            "accountant": engine.accountant.state_dict(),
-            "step": step,
-            "history": history,
-            "seed": seed,
-            "initial_val_loss": initial_val,
-        },
-        TrainPaths.dp_state(d),
-    )
-    return d, ray.train.Checkpoint.from_directory(str(d))
+            raise PrivacyBudgetExceeded(f"accountant reports ε={final['epsilon_spent']:.4g} > target {self.run.epsilon:g}")

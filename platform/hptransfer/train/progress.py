@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from hptransfer.io import write_json
-from hptransfer.study import TrainPaths
+from hptransfer.layout import TrainPaths
 
 LINES = 10  # at least this many progress lines per run
 

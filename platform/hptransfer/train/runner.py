@@ -1,90 +1,119 @@
-"""`hpt train PLAN`: a Ray Train TorchTrainer (gloo on CPU, NCCL on GPU) running `loop.py`."""
+"""`hpt train PLAN`: the large run's one driver, for a plain plan and a `dp` plan alike. A Ray Train
+TorchTrainer (gloo on CPU, NCCL on GPU) runs the one worker loop (`train/loop.py`) with the plan's
+recipe (`train/recipe.py`): `train/plain.py` (DeepSpeed), or `train/private.py` (Opacus) for `dp`.
+
+Reads top to bottom: the recipe's launch (its checks run before anything is written) → the train/
+folder (restart, resume, refusal) → an MLflow run with the plan's parameters → the plan (and the
+recipe's files) saved beside the run → Ray Train → artifacts, final metrics and the run's status.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hptransfer import logs
 from hptransfer.errors import PlanError
 from hptransfer.io import write_json
+from hptransfer.layout import TRAIN_EXPERIMENT
 from hptransfer.plan import TransferPlan, save_plan
+from hptransfer.train.recipe import Launch
 
 if TYPE_CHECKING:
-    from hptransfer.study import Study
+    from hptransfer.context import StudyContext
+
+FINAL_METRICS = ("train_loss", "val_loss", "initial_val_loss", "tokens_per_s", "epsilon_spent")  # logged as final_<name>
+
+
+class TrainingStopped(RuntimeError):
+    """The large run stopped before its end (a worker failed more often than `train.max_failures`
+    allows); its latest checkpoint is kept, and `--resume` continues from it."""
+
+
+def launch_for(plan: TransferPlan, *, dp_seed: int | None = None) -> Launch:
+    """The plan's recipe on the driver: the private run for a `dp` plan, else the plain one."""
+    from hptransfer.train import plain, private
+
+    return private.launch(plan, dp_seed=dp_seed) if plan.rule == "dp" else plain.launch(plan)
 
 
 def run_train(
-    study: Study, plan: TransferPlan, *, resume: bool = False, restart: bool = False, log=print, mlflow_every: int | None = None
+    ctx: StudyContext,
+    plan: TransferPlan,
+    *,
+    resume: bool = False,
+    restart: bool = False,
+    log=print,
+    mlflow_every: int | None = None,
+    dp_seed: int | None = None,
 ) -> dict:
-    """Run (or, with resume=True, continue from its latest checkpoint) the large run into the
-    study's train/ folder. Rank 0's progress lines are printed (`hptransfer.logs.progress`) as they
-    come; MLflow gets every step's metrics, written at most every 10 s of training (every
-    `mlflow_every` steps if set)."""
-    from hptransfer.train.dsconfig import deepspeed_config
+    """Run (or, with resume=True, continue from its latest checkpoint) the large run of `plan` into
+    the study's train/ folder, privately for a `dp` plan; returns rank 0's final metrics (a private
+    run's carry `epsilon_spent` and `delta`). Rank 0's progress lines are printed
+    (`hptransfer.logs.progress`) as they come; MLflow gets every step's metrics, written at most
+    every 10 s of training (every `mlflow_every` steps if set). `dp_seed` fixes a private run's
+    sampling and noise (research runs only: the default is drawn secretly)."""
     from hptransfer.train.loop import train_loop_per_worker
 
-    paths = study.paths.train
-    prepare_train_dir(study, plan, resume=resume, restart=restart, log=log)
-    # Fail here, before any worker starts; the workers build the same config (train/loop.py).
-    ds_cfg = deepspeed_config(plan, plan.train.workers, bf16=plan.train.precision == "bf16")
-    tracker = study.tracker(f"{plan.study}-train", kind="train", tags={"rule": plan.rule})
-    tracker.log_params(
-        {
-            "width": plan.target.width,
-            "steps": plan.target.steps,
-            "batch_size": plan.target.batch_size,
-            "rule": plan.rule,
-            "parametrization": plan.model.parametrization,
-            "family": plan.model.family,
-            "depth": plan.model.depth,
-            "workers": plan.train.workers,
-            "zero_stage": plan.train.zero_stage,
-            "precision": plan.train.precision,
-            **{f"hp.{k}": v for k, v in plan.hps.as_dict().items()},
-        }
-    )
-    write_json(paths.deepspeed_config, ds_cfg)
+    paths = ctx.paths.train
+    launch = launch_for(plan, dp_seed=dp_seed)  # a bad plan fails here, before anything is written
+    if prepare_train_dir(ctx, plan, resume=resume, restart=restart, log=log) and launch.check_resume:
+        launch.check_resume(paths.plan)
+    tracker = ctx.tracker(f"{plan.study}-train", kind="train", tags={"rule": plan.rule, **launch.tags})
+    tracker.log_params({**run_params(plan), **launch.params, **{f"hp.{k}": v for k, v in plan.hps.as_dict().items()}})
+    for name, content in launch.files.items():
+        write_json(getattr(paths, name), content)
     save_plan(plan, paths.plan)  # the plan this run trains (a resume checks it)
-    log(
-        f"train: width {plan.target.width}, {plan.target.steps} steps, global batch {plan.target.batch_size}, "
-        f"{plan.train.workers} workers, ZeRO-{plan.train.zero_stage}, {plan.train.precision}, lr {plan.hps.lr:.4g}"
-    )
-    with study.ray_session():
-        result = fit_on_ray_train(
-            study,
-            plan,
-            train_loop_per_worker,
-            {
-                "plan": plan.model_dump(mode="json"),
-                "out_dir": str(paths.root),
-                "tracking_uri": study.tracking_uri,
-                "experiment": study.experiment,
-                "run_id": tracker.run_id,
-                "mlflow_every": mlflow_every,
-            },
-            tracker,
-        )
+    log(launch.announce)
+    loop_config = {
+        "recipe": launch.recipe,
+        "plan": plan.model_dump(mode="json"),
+        "out_dir": str(paths.root),
+        "tracking_uri": ctx.tracking_uri,
+        "experiment": ctx.experiment,
+        "run_id": tracker.run_id,
+        "mlflow_every": mlflow_every,
+        **launch.loop_config,
+    }
+    with ctx.ray_session():
+        result = fit_on_ray_train(ctx, plan, train_loop_per_worker, loop_config, tracker)
     metrics = dict(result.metrics or {})
-    for path in (paths.metrics, paths.deepspeed_config, paths.plan, paths.hf_model):
+    for path in (paths.metrics, *(getattr(paths, n) for n in launch.files), paths.plan, paths.hf_model):
         if path.exists():
             tracker.log_artifact(path)
-    tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if k in ("train_loss", "val_loss", "tokens_per_s")})
+    tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if k in FINAL_METRICS})
     tracker.end("FINISHED" if metrics.get("status") == "ok" else "FAILED")
+    if launch.summary:
+        log(launch.summary(metrics))
     metrics["mlflow_run_id"] = tracker.run_id
     metrics["checkpoint"] = result.checkpoint.path if result.checkpoint else None
     return metrics
 
 
-def prepare_train_dir(study: Study, plan: TransferPlan, *, resume: bool, restart: bool, log=print) -> bool:
+def run_params(plan: TransferPlan) -> dict:
+    """The MLflow parameters of every large run (a recipe adds its own)."""
+    return {
+        "width": plan.target.width,
+        "steps": plan.target.steps,
+        "batch_size": plan.target.batch_size,
+        "rule": plan.rule,
+        "parametrization": plan.model.parametrization,
+        "family": plan.model.family,
+        "depth": plan.model.depth,
+        "workers": plan.train.workers,
+    }
+
+
+def prepare_train_dir(ctx: StudyContext, plan: TransferPlan, *, resume: bool, restart: bool, log=print) -> bool:
     """The train/ folder before a run (large or private): a restart moves the previous run aside, a
     plain rerun over one is refused, a resume must be of the same model. Returns True when a
     previous run of the same model is being continued."""
-    paths = study.paths.train
+    paths = ctx.paths.train
     paths.root.mkdir(parents=True, exist_ok=True)
-    logs.attach(study.paths.log_file)
+    logs.attach(ctx.paths.log_file)
     previous = paths.ray_experiment
     if previous.exists() and restart:
-        aside = study.move_aside(paths.ray_storage, paths.metrics, paths.hf_model, paths.progress, paths.progress_log, paths.plan)
+        aside = ctx.move_aside(paths.ray_storage, paths.metrics, paths.hf_model, paths.progress, paths.progress_log, paths.plan)
         log(f"restart: the previous large run was moved to {aside}")
         return False
     if previous.exists() and not resume:
@@ -98,17 +127,17 @@ def prepare_train_dir(study: Study, plan: TransferPlan, *, resume: bool, restart
     return False
 
 
-def fit_on_ray_train(study: Study, plan: TransferPlan, loop, loop_config: dict, tracker):
-    """One Ray Train run of `loop` at the plan's scale (gloo on CPU, NCCL with GPUs), the large run's
-    and the private run's alike; rank 0's progress lines are shown while it runs. Same name and
-    storage path every time: Ray Train restores its checkpoint manager and hands the loop the latest
-    checkpoint (`get_checkpoint`) — both after a worker dies and on --resume."""
+def fit_on_ray_train(ctx: StudyContext, plan: TransferPlan, loop, loop_config: dict, tracker):
+    """One Ray Train run of `loop` at the plan's scale (gloo on CPU, NCCL with GPUs); rank 0's
+    progress lines are shown while it runs. Same name and storage path every time: Ray Train
+    restores its checkpoint manager and hands the loop the latest checkpoint (`get_checkpoint`) —
+    both after a worker dies and on --resume. A run that stops for good ends its MLflow run FAILED
+    and raises `TrainingStopped` (naming `train.max_failures` and the resume) from Ray's error."""
+    import ray.train
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    from hptransfer.study import TRAIN_EXPERIMENT
-
-    paths, gpus = study.paths.train, plan.train.gpus_per_worker
+    paths, gpus = ctx.paths.train, plan.train.gpus_per_worker
     trainer = TorchTrainer(
         loop,
         train_loop_config=loop_config,
@@ -128,12 +157,21 @@ def fit_on_ray_train(study: Study, plan: TransferPlan, loop, loop_config: dict, 
     try:
         with logs.follow(paths.progress_log):
             return trainer.fit()
+    except ray.train.TrainingFailedError as e:
+        tracker.end("FAILED")
+        cause = str(e).strip().splitlines()
+        raise TrainingStopped(
+            f"the large run stopped: a worker failed and train.max_failures={plan.train.max_failures} "
+            f"restart(s) were allowed. Its latest checkpoint is kept under {paths.ray_storage}: continue "
+            "from it with the same `hpt train` and --resume (Python: resume=True), or raise "
+            f"train.max_failures to let Ray Train restart failed workers. Ray's error: {cause[-1] if cause else e!r}"
+        ) from e
     except Exception:
         tracker.end("FAILED")
         raise
 
 
-def _check_same_model(previous_plan, plan: TransferPlan) -> None:
+def _check_same_model(previous_plan: Path, plan: TransferPlan) -> None:
     """A resume must train the model the checkpoint holds: same family, shape and width."""
     from hptransfer.plan import load_plan
 
