@@ -377,10 +377,16 @@ def main(argv: list[str]) -> dict:
     args.out = args.out or str(results / ("train_mlflow_batching.json" if args.mlflow else "train_throughput.json"))
     args.steps = args.steps or (160 if args.mlflow else 20)
 
+    from hptransfer.context import StudyContext
     from hptransfer.env import configure
     from hptransfer.io import write_json
     from hptransfer.spec import RaySpec
-    from hptransfer.sweep.ray_session import ray_session
+
+    def ray_session(ray: RaySpec, work: Path):
+        """One local Ray, started as every stage starts it (`StudyContext.ray_session`)."""
+        ctx = StudyContext(None, work, name="bench-train")
+        ctx.ray = ray
+        return ctx.ray_session()
 
     configure()
     info = machine_info([str(Path(__file__).relative_to(ROOT)), *argv])
@@ -389,7 +395,7 @@ def main(argv: list[str]) -> dict:
         work = Path(tempfile.mkdtemp(prefix="hpt_bench_mlflow_"))
         load0 = os.getloadavg()[0]
         try:
-            with ray_session(RaySpec(num_cpus=WORKERS, object_store_mb=256)):
+            with ray_session(RaySpec(num_cpus=WORKERS, object_store_mb=256), work):
                 cmp = mlflow_compare(plan, work, args.repeats, args.tracking_uri)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -426,7 +432,7 @@ def main(argv: list[str]) -> dict:
         loads["before_ray"] = os.getloadavg()[0]
         t0 = time.perf_counter()
         # One Ray for both distributed parts; run_train joins it (ray_session yields when Ray is up).
-        with ray_session(RaySpec(num_cpus=WORKERS, object_store_mb=256)):
+        with ray_session(RaySpec(num_cpus=WORKERS, object_store_mb=256), work):
             ray_init_s = time.perf_counter() - t0
             ht = hpt_train(plan, work / "hpt_train")
             print(f"[train_throughput] hpt train {ht}", flush=True)

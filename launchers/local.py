@@ -19,8 +19,8 @@ app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 
 def hpt_args(spec: Path, study_dir: Path | None, tracking_uri: str | None) -> list[str]:
+    from hptransfer.layout import STUDIES_ROOT
     from hptransfer.spec import load_spec
-    from hptransfer.study import STUDIES_ROOT
 
     # The study folder is named by the spec's `name` (as `hpt run` does), not by its file name.
     args = ["run", str(spec), "--study-dir", str(study_dir or STUDIES_ROOT / load_spec(spec).name)]

@@ -68,8 +68,9 @@ def test_a_plan_without_a_spec_gets_the_same_resolution(tmp_path, monkeypatch):
     assert Study.for_plan(path).tracking_uri == "sqlite:///s.db"
 
 
-def test_no_study_file_name_is_written_outside_study_py():
-    """Every study file name lives on StudyPaths/TrainPaths; other modules use those properties."""
+def test_no_study_file_name_is_written_outside_layout_py():
+    """Every study file name lives in hptransfer/layout.py (StudyPaths, TrainPaths); other modules
+    use those properties."""
     names = {
         Path(getattr(StudyPaths(Path("/s")), a)).name
         for a in dir(StudyPaths)
@@ -79,7 +80,7 @@ def test_no_study_file_name_is_written_outside_study_py():
     names = {n for n in names if "." in n or "_" in n}  # file names, not words like "report" (a verb too)
     offenders = []
     for path in PKG.rglob("*.py"):
-        if path.name == "study.py":
+        if path.relative_to(PKG) == Path("layout.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
@@ -87,32 +88,22 @@ def test_no_study_file_name_is_written_outside_study_py():
     assert not offenders, offenders
 
 
-# --- the import graph ------------------------------------------------------------------------------
+# --- the import graph: one direction, no cycle ------------------------------------------------------
 
-CORE = {
-    "hptransfer.spec",
-    "hptransfer.hyperparameters",
-    "hptransfer.study",
-    "hptransfer.io",
-    "hptransfer.errors",
-    "hptransfer.privacy",
-    "hptransfer.plan",
-    "hptransfer.env",
-}
-FEATURES = (
-    "hptransfer.sweep",
-    "hptransfer.transfer",
-    "hptransfer.train",
-    "hptransfer.dp",
-    "hptransfer.models",
-    "hptransfer.report",
-    "hptransfer.deploy",
-    "hptransfer.data",
-    "hptransfer.coordcheck",
-    "hptransfer.pipeline",
-    "hptransfer.cli",
-    "hptransfer.tracking",
-)
+# Lowest first. A module may import its own layer or a lower one, never a higher one.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    # the core: no stage, no contract, no model
+    ("core", ("hptransfer", "errors", "io", "env", "logs", "console", "layout", "lock", "tracking")),
+    # what the stages agree on: the spec, the plan and the context they are handed; `architectures` and
+    # `vocab` are what the spec's validation needs of the hf family and the tokenizer folder
+    ("contracts", ("spec", "plan", "plan_diagnostics", "hyperparameters", "privacy", "context", "architectures", "vocab")),
+    ("models and data", ("models", "data")),
+    ("stages", ("coordcheck", "sweep", "transfer", "train", "dp", "report", "status", "deploy")),
+    ("facade", ("pipeline", "study")),
+    ("CLI", ("cli", "__main__")),  # and every `*/cli.py`
+]
+# Imports that go up, each with its reason. None today.
+UPWARD_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def _module(path: Path) -> str:
@@ -125,61 +116,124 @@ def _is_module(name: str) -> bool:
     return (PKG / rel).with_suffix(".py").is_file() or (PKG / rel / "__init__.py").is_file()
 
 
-def _imports(path: Path, module_level: bool) -> set[str]:
-    tree = ast.parse(path.read_text())
-    nodes = tree.body if module_level else list(ast.walk(tree))
-    out = set()
-    for node in nodes:
-        if isinstance(node, ast.If):  # `if TYPE_CHECKING:` blocks never run
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hptransfer"):
-            subs = {f"{node.module}.{a.name}" for a in node.names}
-            sub_modules = {m for m in subs if _is_module(m)}
-            out.update(subs)
-            if subs - sub_modules:  # `from pkg import submodule` needs the submodule, not pkg's names
-                out.add(node.module)
-        elif isinstance(node, ast.Import):
-            out.update(a.name for a in node.names if a.name.startswith("hptransfer"))
+def _imports(path: Path) -> set[str]:
+    """Every hptransfer module `path` imports, at module level or inside a function; `if
+    TYPE_CHECKING:` blocks never run and are left out."""
+    out: set[str] = set()
+
+    def walk(nodes) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                walk(node.orelse)
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hptransfer"):
+                subs = {f"{node.module}.{a.name}" for a in node.names}
+                sub_modules = {m for m in subs if _is_module(m)}
+                out.update(sub_modules)
+                if subs - sub_modules:  # names of the module itself (`from pkg import submodule` needs only the submodule)
+                    out.add(node.module)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names if a.name.startswith("hptransfer"))
+            walk(ast.iter_child_nodes(node))
+
+    walk(ast.parse(path.read_text()).body)
     return out
 
 
-def test_no_import_cycles_at_module_level():
+def import_graph() -> dict[str, set[str]]:
+    """module → the package modules it imports. Importing `a.b.c` runs the `__init__` of `a.b` too,
+    so that is an edge as well (except for a module inside `a.b`: its package is initialised first)."""
     modules = {_module(p): p for p in PKG.rglob("*.py")}
-    graph = {m: {i for i in _imports(p, True) if i in modules and i != m} for m, p in modules.items()}
-    state: dict[str, int] = {}
-    cycle: list[str] = []
-
-    def visit(m: str, stack: list[str]) -> bool:
-        state[m] = 1
-        for n in graph[m]:
-            if state.get(n) == 1:
-                cycle.extend(stack[stack.index(n) :] + [n] if n in stack else [m, n])
-                return True
-            if not state.get(n) and visit(n, stack + [n]):
-                return True
-        state[m] = 2
-        return False
-
-    assert not any(visit(m, [m]) for m in graph if not state.get(m)), " → ".join(cycle)
+    graph = {m: {i for i in _imports(p) if i in modules and i != m} for m, p in modules.items()}
+    for m, targets in graph.items():
+        for target in list(targets):
+            parts = target.split(".")
+            for k in range(2, len(parts)):
+                package = ".".join(parts[:k])
+                if package in modules and package != m and not m.startswith(package + "."):
+                    targets.add(package)
+    return graph
 
 
-def test_the_core_imports_no_feature_package():
-    """spec, hyperparameters, study, io, errors, privacy, plan import no feature package at module
-    level; inside functions only these, each for a stated reason:
-    - study → pipeline, tracking: `Study`'s notebook methods and its tracker factory;
-    - spec → models.families, data.tokenizer: validating a `hf` config against the width table and a
-      tokenizer folder needs them (transformers is imported only then)."""
-    allowed = {
-        "hptransfer.study": ("hptransfer.pipeline", "hptransfer.tracking"),
-        "hptransfer.spec": ("hptransfer.models.families", "hptransfer.data.tokenizer"),
-    }
-    for m in CORE:
-        path = PKG / (m.split(".", 1)[1].replace(".", "/") + ".py")
-        top = {i for i in _imports(path, module_level=True) if i.startswith(FEATURES)}
-        assert not top, f"{m} imports {sorted(top)} at module level"
-        lazy = {i for i in _imports(path, module_level=False) if i.startswith(FEATURES)}
-        bad = {i for i in lazy if not i.startswith(allowed.get(m, ("-",)))}
-        assert not bad, f"{m} imports {sorted(bad)}"
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    if module != "hptransfer" and parts[-1] == "cli":
+        return len(LAYERS) - 1  # every `*/cli.py` is the CLI
+    name = parts[1] if len(parts) > 1 else "hptransfer"
+    for i, (_, names) in enumerate(LAYERS):
+        if name in names:
+            return i
+    raise AssertionError(f"{module} is in no layer; add it to LAYERS in tests/test_study.py")
+
+
+def test_no_import_cycle_anywhere_in_the_package():
+    """Function-level imports and package `__init__` imports included (a lazy import is still a
+    dependency: it only moves the failure to run time)."""
+    graph = import_graph()
+    cycles = import_cycles(graph)
+    detail = [f"{m} -> {sorted(n for n in graph[m] if n in c)}" for c in cycles for m in c]
+    assert not cycles, f"{sum(map(len, cycles))} modules in {len(cycles)} import cycle(s):\n" + "\n".join(detail)
+
+
+def test_imports_point_one_way():
+    """core → contracts → models and data → stages → facade → CLI: every import goes to the same or
+    a lower layer (stages may import each other: the cycle test keeps that acyclic). So no module
+    below the facade imports `hptransfer.pipeline` or `hptransfer.study`."""
+    violations = [
+        f"{m} ({LAYERS[layer_of(m)][0]}) imports {n} ({LAYERS[layer_of(n)][0]})"
+        for m, targets in sorted(import_graph().items())
+        for n in sorted(targets)
+        if layer_of(n) > layer_of(m) and (m, n) not in UPWARD_EXCEPTIONS
+    ]
+    assert not violations, f"{len(violations)} import(s) against the layers:\n" + "\n".join(violations)
+
+
+def test_both_tracker_backends_are_trackers():
+    """MLflow and the null tracker take the same calls (the protocol stages write through)."""
+    import inspect
+
+    from hptransfer.tracking import MlflowTracker, NullTracker, Tracker
+
+    assert isinstance(NullTracker(), Tracker)
+    for name in ("log_params", "log_metrics", "log_metric_rows", "log_artifact", "set_tags", "end"):
+        want = list(inspect.signature(getattr(Tracker, name)).parameters)
+        for backend in (MlflowTracker, NullTracker):
+            assert list(inspect.signature(getattr(backend, name)).parameters) == want, (backend.__name__, name)
 
 
 def test_the_spec_knows_every_registered_rule():

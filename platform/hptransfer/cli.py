@@ -1,6 +1,7 @@
 """`hpt`: one verb per pipeline stage. Each verb builds one `Study` from the spec and its flags and
-calls the stage function (`hptransfer.pipeline`). Heavy imports (ray, torch, deepspeed) happen
-inside commands so `hpt --help` answers at once. User errors exit 2 in one format (console.py)."""
+calls the stage function (`hptransfer.pipeline`, which takes the study's lock). Heavy imports (ray,
+torch, deepspeed) happen inside commands so `hpt --help` answers at once. User errors exit 2 in one
+format (console.py)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ ADDRESS = typer.Option(
 
 def _study(spec: Path, study_dir: Path | None = None, tracking_uri: str | None = None, address: str | None = None):
     from hptransfer.env import configure
-    from hptransfer.study import Study
+    from hptransfer.pipeline import Study
 
     configure()
     return Study.from_spec(spec, study_dir, tracking_uri=tracking_uri, address=address)
@@ -147,9 +148,8 @@ def train(
     """Train the target model from a plan with Ray Train + DeepSpeed (CPU/gloo here, GPU/NCCL when present).
     The study's MLflow settings come from the plan folder's spec.yaml when there is one."""
     from hptransfer.env import configure
-    from hptransfer.pipeline import train_stage
+    from hptransfer.pipeline import Study, train_stage
     from hptransfer.plan import load_plan
-    from hptransfer.study import Study
 
     configure()
     p = load_plan(plan)
@@ -193,7 +193,8 @@ def dp_sweep(
     on its corpus (Opacus, Poisson sampling, normalized clipping, one process per trial). Runs on the main
     sweep's machinery (resume, resource check, progress); writes dp_sweep_results.csv and dp_sweep.png and
     logs a parent MLflow run with one child per trial."""
-    from hptransfer.dp.sweep import KINDS, TASKS, best_per_epsilon, run_dp_sweep
+    from hptransfer.dp.sweep import KINDS, TASKS, best_per_epsilon
+    from hptransfer.pipeline import dp_sweep_stage
 
     def numbers(text: str | None, kind, flag: str):
         try:
@@ -203,18 +204,16 @@ def dp_sweep(
 
     if task not in TASKS:
         fail(f"--task must be one of {', '.join(TASKS)}, got {task!r}")
-    study = _study(spec, study_dir, tracking_uri, address)
-    with study.lock():
-        df = run_dp_sweep(
-            study,
-            task=task,
-            width=width,
-            epsilons=numbers(epsilons, float, "--epsilons"),
-            lrs=numbers(lrs, float, "--lrs"),
-            seeds=numbers(seeds, int, "--seeds"),
-            restart=restart,
-            log=console.print,
-        )
+    df = dp_sweep_stage(
+        _study(spec, study_dir, tracking_uri, address),
+        task=task,
+        width=width,
+        epsilons=numbers(epsilons, float, "--epsilons"),
+        lrs=numbers(lrs, float, "--lrs"),
+        seeds=numbers(seeds, int, "--seeds"),
+        restart=restart,
+        log=console.print,
+    )
     best = best_per_epsilon(df, KINDS[task]).drop(columns=["error", "trial_id"], errors="ignore")
     console.print("best per ε:\n" + best.to_string(index=False), markup=False)
 

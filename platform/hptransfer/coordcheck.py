@@ -25,7 +25,7 @@ from hptransfer.hyperparameters import Hyperparameters
 from hptransfer.io import save_figure, write_json
 
 if TYPE_CHECKING:
-    from hptransfer.study import Study
+    from hptransfer.context import StudyContext
 
 # Modules whose forward returns a plain tensor (attention/decoder layers return tuples), per family.
 from hptransfer.models.families import COORD_CHECK_MODULES as _TRACKED
@@ -71,7 +71,7 @@ def _slope(widths: np.ndarray, values: np.ndarray) -> float:
     return float(np.polyfit(np.log(widths[ok]), np.log(values[ok]), 1)[0])
 
 
-def coord_check(study: Study, widths: list[int] | None = None, batch_size: int = 8, seed: int = 0) -> CoordCheckResult:
+def coord_check(study: StudyContext, widths: list[int] | None = None, batch_size: int = 8, seed: int = 0) -> CoordCheckResult:
     import torch
     from mup.coord_check import get_coord_data, plot_coord_data
 

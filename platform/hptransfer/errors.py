@@ -102,3 +102,9 @@ class StudyError(HptError):
 
 class DPError(HptError):
     kind = "DP budget"
+
+
+class DataError(HptError):
+    """The data stage's user error: each problem names the file (or the spec field) and the fix."""
+
+    kind = "unusable data"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 STUDIES_ROOT = Path("studies")
 MLFLOW_DB = "mlflow.db"  # the embedded tracking store, when no server is given
+PLAN_FILE = "transfer_plan.yaml"  # the plan: in a study folder, its train/ folder and a hand-off folder
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class TrainPaths:
 
     @property
     def plan(self) -> Path:
-        return self.root / "transfer_plan.yaml"
+        return self.root / PLAN_FILE
 
     @property
     def ray_storage(self) -> Path:
@@ -91,7 +92,7 @@ class StudyPaths:
     noise_results = property(lambda self: self.root / "ray_results" / "sweep_noise_results.csv")
     dp_sweep_results = property(lambda self: self.root / "dp_sweep_results.csv")
     dp_sweep_png = property(lambda self: self.root / "dp_sweep.png")
-    plan = property(lambda self: self.root / "transfer_plan.yaml")
+    plan = property(lambda self: self.root / PLAN_FILE)
     ray_storage = property(lambda self: self.root / "ray_results")
     trials_done = property(lambda self: self.root / "trials_done")
     report_dir = property(lambda self: self.root / "report")

@@ -1,7 +1,12 @@
-"""The pipeline as plain functions, each `stage(study) -> artifact`: coord-check → sweep → transfer
-→ train → report. Each stage reads and writes files in the study folder (their names live on
-`Study.paths`), so a user can stop, inspect, edit and resume anywhere. CLI verbs, launchers,
-`Study`'s notebook methods and the benchmarks all call these.
+"""The one facade: the pipeline as plain functions, each `stage(ctx) -> artifact` over a
+`StudyContext` (coord-check → sweep → transfer → train → report, and the DP sweep), each holding the
+study's lock while it writes; and `Study`, the same context with one method per stage, for
+notebooks. Each stage reads and writes files in the study folder (their names live on
+`ctx.paths`, hptransfer/layout.py), so a user can stop, inspect, edit and resume anywhere. CLI
+verbs, launchers, `Study`'s methods and the benchmarks all call these; nothing below imports this.
+
+    study = Study.from_spec("search_spaces/quickstart.yaml")
+    study.coord_check(); df = study.sweep(); plan = study.transfer(); metrics = study.train(); study.report()
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ from typing import Any
 
 import pandas as pd
 
+from hptransfer.context import StudyContext
+from hptransfer.errors import StudyError
 from hptransfer.io import write_yaml
-from hptransfer.study import Study
+from hptransfer.plan import TransferPlan, load_plan, precision_mismatch, save_plan
+from hptransfer.tracking import find_study_run
 
 
 @dataclass
@@ -24,14 +32,14 @@ class SweepOutcome:
     plot: Path
 
 
-def coord_check_stage(study: Study, *, widths: list[int] | None = None):
+def coord_check_stage(study: StudyContext, *, widths: list[int] | None = None):
     from hptransfer.coordcheck import coord_check
 
     with study.lock():
         return coord_check(study, widths=widths)
 
 
-def sweep_stage(study: Study, *, restart: bool = False, log=print) -> SweepOutcome:
+def sweep_stage(study: StudyContext, *, restart: bool = False, log=print) -> SweepOutcome:
     from hptransfer.sweep.record import log_sweep, plot_sweep
     from hptransfer.sweep.runner import run_sweep
 
@@ -43,10 +51,9 @@ def sweep_stage(study: Study, *, restart: bool = False, log=print) -> SweepOutco
         return SweepOutcome(df, log_sweep(study, df, grid, plot=plot), plot)
 
 
-def transfer_stage(study: Study, *, sweep_run_id: str | None = None):
-    """The study's results table → its plan (written atomically); returns the `TransferPlan`."""
-    from hptransfer.errors import StudyError
-    from hptransfer.plan import save_plan
+def transfer_stage(study: StudyContext, *, sweep_run_id: str | None = None, out: str | Path | None = None):
+    """The study's results table → its plan, written atomically once: to `out` when given (`hpt
+    transfer --out`), else to the study folder's plan file. Returns the `TransferPlan`."""
     from hptransfer.transfer.engine import check_results_belong, file_hash, make_plan, read_results
 
     spec = study.require_spec()
@@ -64,21 +71,19 @@ def transfer_stage(study: Study, *, sweep_run_id: str | None = None):
         provenance={"results_file_hash": file_hash(results), **({"mlflow_sweep_run_id": sweep_run_id} if sweep_run_id else {})},
     )
     with study.lock():
-        save_plan(plan, study.paths.plan)
-        _log_plan(study, plan)
+        path = save_plan(plan, out or study.paths.plan)
+        _log_plan(study, plan, path)
     return plan
 
 
-def _log_plan(study: Study, plan) -> str | None:
-    """The plan and its headline numbers on the study's sweep run in MLflow, when there is one."""
-    from hptransfer.tracking import _find_parent
-
-    run_id = _find_parent(study, "sweep")
+def _log_plan(study: StudyContext, plan: TransferPlan, path: Path) -> str | None:
+    """The plan file and its headline numbers on the study's sweep run in MLflow, when there is one."""
+    run_id = find_study_run(study.tracking_uri, study.experiment, study.root, "sweep")
     if run_id is None:
         return None
     tracker = study.tracker(run_id=run_id)
     d = plan.diagnostics
-    tracker.log_artifact(study.paths.plan)
+    tracker.log_artifact(path)
     tracker.log_params({"transfer_rule": plan.rule, "target_width": plan.target.width})
     metrics = {f"transfer_{k}": v for k, v in plan.hyperparameters.items()}
     metrics.update(
@@ -95,7 +100,7 @@ def _log_plan(study: Study, plan) -> str | None:
 
 
 def train_stage(
-    study: Study,
+    study: StudyContext,
     plan: Any = None,
     *,
     workers: int | None = None,
@@ -111,7 +116,6 @@ def train_stage(
     import logging
 
     from hptransfer import logs
-    from hptransfer.plan import TransferPlan, load_plan, precision_mismatch
     from hptransfer.train.runner import run_train
     from hptransfer.transfer.target_check import check_target
 
@@ -145,15 +149,24 @@ def train_stage(
     return metrics
 
 
-def report_stage(study: Study, *, log=print) -> Path:
+def report_stage(study: StudyContext, *, log=print) -> Path:
     from hptransfer.report.html import write_report
 
     with study.lock():
         return write_report(study.root, study.tracking_uri, log=log)
 
 
+def dp_sweep_stage(study: StudyContext, *, log=print, **options: Any) -> pd.DataFrame:
+    """`hpt dp-sweep`: the DP fine-tuning sweep (`hptransfer.dp.sweep.run_dp_sweep`, whose keywords
+    `options` are: task, width, epsilons, lrs, seeds, pretrain_width, restart), holding the lock."""
+    from hptransfer.dp.sweep import run_dp_sweep
+
+    with study.lock():
+        return run_dp_sweep(study, log=log, **options)
+
+
 def run_study(
-    study: Study, *, restart_sweep: bool = False, restart_train: bool = False, skip_coord_check: bool = False, log=print
+    study: StudyContext, *, restart_sweep: bool = False, restart_train: bool = False, skip_coord_check: bool = False, log=print
 ) -> dict:
     """Everything, end to end, on one Ray, holding the study's lock. Returns where things are.
     A re-run resumes: the sweep keeps its finished trials, the large run continues from its latest
@@ -191,3 +204,28 @@ def run_study(
         "final": {k: metrics.get(k) for k in ("train_loss", "val_loss", "tokens_per_s")},
         "times": times,
     }
+
+
+class Study(StudyContext):
+    """A study with its stages as methods, for notebooks (each returns its artifact)."""
+
+    def coord_check(self, widths: list[int] | None = None):
+        return coord_check_stage(self, widths=widths)
+
+    def sweep(self, *, restart: bool = False) -> pd.DataFrame:
+        return sweep_stage(self, restart=restart).table
+
+    def transfer(self) -> TransferPlan:
+        return transfer_stage(self)
+
+    def train(self, plan=None, **knobs: Any) -> dict:
+        return train_stage(self, plan, **knobs)
+
+    def report(self) -> Path:
+        return report_stage(self)
+
+    def dp_sweep(self, **options: Any) -> pd.DataFrame:
+        return dp_sweep_stage(self, **options)
+
+    def run(self, **kw: Any) -> dict:
+        return run_study(self, **kw)

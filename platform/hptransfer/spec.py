@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hptransfer import architectures, vocab  # what validating an hf config and a tokenizer folder needs
 from hptransfer.errors import Problem, SpecError, problems_from_validation
 from hptransfer.hyperparameters import DEFAULT_HPS, LOG_SCALE, TUNABLE, Hyperparameters
 from hptransfer.privacy import DPConfig
@@ -193,9 +194,7 @@ class ModelSpec(_Strict):
                 else []
             )
         if self.family == "hf":
-            from hptransfer.models.families import width_problems
-
-            return width_problems(self, widths)
+            return architectures.width_problems(self, widths)
         return []
 
 
@@ -223,30 +222,28 @@ def _read_config_json(v: str | Path) -> dict[str, Any]:
 
 
 def _hf_config_problems(config: dict[str, Any]) -> list[str]:
-    import hptransfer.models.families as families
-
     mt = config["model_type"]
     try:
-        cls = families.config_class(mt)
+        cls = architectures.config_class(mt)
     except KeyError:
         return [
             f"model.config.model_type={mt!r} is unknown to transformers; check the spelling (llama, mistral, "
             "qwen2, gpt2, gpt_neox, ...) or upgrade transformers"
         ]
-    if not families.is_causal_lm(mt):
+    if not architectures.is_causal_lm(mt):
         return [f"model.config.model_type={mt!r} is not a causal LM (AutoModelForCausalLM cannot build it)"]
     errs = []
     if "transformers_version" not in config and "architectures" not in config:  # written by hand: catch typos
-        unknown = families.unknown_keys(config)
+        unknown = architectures.unknown_keys(config)
         if unknown:
             errs.append(f"model.config has keys {unknown} that {cls.__name__} does not know (typo?)")
-    missing = families.missing_fields(mt)
+    missing = architectures.missing_fields(mt)
     if missing:
         errs.append(
             f"model.config.model_type={mt!r} has no config fields {missing} for the width ladder to set; "
             "add its field names to hptransfer.models.families.ARCHITECTURES"
         )
-    group = families.gqa_group(config)
+    group = architectures.gqa_group(config)
     if group != int(group):
         errs.append(f"model.config: num_attention_heads is not a multiple of num_key_value_heads (group size {group:g})")
     return errs
@@ -516,17 +513,13 @@ class StudySpec(_Strict):
         tokenizer = section.get("tokenizer") if isinstance(section, dict) else getattr(section, "tokenizer", None)
         if not isinstance(tokenizer, str) or tokenizer == "byte":
             return data
-        from hptransfer.data.tokenizer import fill_vocab_size
-
-        return fill_vocab_size(data, tokenizer)
+        return vocab.fill_vocab_size(data, tokenizer)
 
     @model_validator(mode="after")
     def _cross(self) -> StudySpec:
         errs = self.model.width_problems(sorted({*self.sweep.widths, self.target.width, self.base_width}))
         if self.data.tokenizer != "byte":
-            from hptransfer.data.tokenizer import tokenizer_problems
-
-            errs += tokenizer_problems(self.data.tokenizer, self.model.vocab_size)
+            errs += vocab.tokenizer_problems(self.data.tokenizer, self.model.vocab_size)
         if self.target.width < self.sweep.widths[-1]:
             errs.append(
                 f"target.width={self.target.width} is narrower than the widest swept width "

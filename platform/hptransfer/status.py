@@ -19,7 +19,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,7 +27,8 @@ from typing import Any
 import yaml
 
 from hptransfer.errors import StudyError
-from hptransfer.study import DP_SWEEP_EXPERIMENT, SWEEP_EXPERIMENT, StudyPaths, resolve_tracking_uri
+from hptransfer.layout import DP_SWEEP_EXPERIMENT, SWEEP_EXPERIMENT, StudyPaths, resolve_tracking_uri
+from hptransfer.lock import live_holder
 from hptransfer.train.progress import duration
 
 DONE, RUNNING, INTERRUPTED, MISSING = "done", "running", "interrupted", "not run"
@@ -47,22 +47,6 @@ def _yaml(path: Path) -> dict | None:
     except (OSError, yaml.YAMLError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _holder(paths: StudyPaths) -> dict | None:
-    """The process holding the study's lock, if it is alive (a lock left by a dead process is stale)."""
-    holder = _json(paths.lock)
-    if not holder:
-        return None
-    pid = holder.get("pid")
-    if holder.get("host") == socket.gethostname() and isinstance(pid, int):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-    return holder
 
 
 def _rel(paths: StudyPaths, *files: Path) -> list[str]:
@@ -236,7 +220,7 @@ def study_status(study_dir: str | Path, *, tracking_uri: str | None = None, mlfl
     if not paths.root.is_dir():
         raise StudyError(f"{study_dir} is not a folder; pass a study folder (`hpt run` prints it; default studies/<name>)")
     spec = _yaml(paths.spec)
-    holder = _holder(paths)
+    holder = live_holder(paths.lock)  # None when nobody holds it, or its holder died (a stale lock)
     busy = holder is not None
     total = None
     if spec is not None:

@@ -1,20 +1,20 @@
-"""MLflow at the edges, through one idiom: `MlflowTracker` (MLflow's client, no global active-run
-state), made by `Study.tracker`; `NullTracker` so training code never branches on rank or on
-whether tracking is on; `log_sweep_runs`, the one parent/child logger every sweep uses;
-`BatchedMetrics`, per-step metrics written in batches (the large run's rank 0)."""
+"""MLflow at the edges, through one idiom. The core of tracking: it imports nothing of hptransfer,
+so any layer can hold a tracker.
+
+- `Tracker`, the protocol every stage writes through; its backends: `MlflowTracker` (MLflow's
+  client, no global active-run state; made by `StudyContext.tracker`) and `NullTracker`, so training
+  code never branches on rank or on whether tracking is on;
+- `BatchedMetrics`, per-step metrics written in batches (the large run's rank 0);
+- `find_study_run`, a study's run of one kind (its sweep parent run), found by tags.
+
+The parent/child logger every sweep uses is the sweep stage's (`hptransfer.sweep.record.log_sweep_runs`)."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import pandas as pd
-
-    from hptransfer.study import Study
+from typing import Any, Protocol, runtime_checkable
 
 TAG_STUDY = "hpt.study_dir"
 TAG_KIND = "hpt.kind"
@@ -24,7 +24,28 @@ MAX_METRICS_PER_BATCH = 1000  # MLflow's limit on one log_batch
 MetricRow = tuple[dict[str, Any], int, int]  # (metrics, step, timestamp in ms)
 
 
+@runtime_checkable
+class Tracker(Protocol):
+    """One tracked run: what the stages write (parameters, metrics by step, files, tags)."""
+
+    run_id: str | None
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None: ...
+
+    def log_metric_rows(self, rows: list[MetricRow]) -> None: ...
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
+
+    def set_tags(self, tags: dict[str, Any]) -> None: ...
+
+    def end(self, status: str = "FINISHED") -> None: ...
+
+
 class NullTracker:
+    """Records nothing: what ranks other than 0, and runs without tracking, write to."""
+
     run_id = None
 
     def log_params(self, params):
@@ -146,71 +167,15 @@ class BatchedMetrics:
             self.first_s = self.first_s or dt
 
 
-def log_sweep_runs(
-    study: Study,
-    df: pd.DataFrame,
-    *,
-    kind: str,
-    child_kind: str,
-    run_name: str,
-    parent_params: dict[str, Any],
-    child_name: Callable[[dict], str],
-    child_params: Callable[[dict], dict],
-    child_metrics: Callable[[dict], dict],
-    parent_metrics: dict[str, float],
-    artifacts: list[Path],
-    history: Callable[[dict], list[dict]] | None = None,
-) -> str:
-    """One parent run per sweep and one child per row of its table (tag `mlflow.parentRunId`).
-
-    Written from the driver after Tune returns, so trials never contend for a SQLite store, and
-    idempotent: a resumed sweep reuses its parent run (found by study folder and kind) and skips
-    children already logged (by `trial_id`). Returns the parent run id."""
-    parent_id = _find_parent(study, kind)
-    if parent_id:
-        parent = study.tracker(run_id=parent_id)
-    else:
-        parent = study.tracker(run_name, kind=kind, tags={"hpt.spec_hash": study.spec_hash})
-        parent.log_params(parent_params)
-    client = parent.client
-    done = {
-        r.data.tags.get(TAG_TRIAL)
-        for r in client.search_runs(
-            [client.get_run(parent.run_id).info.experiment_id],
-            filter_string=f"tags.`mlflow.parentRunId` = '{parent.run_id}'",
-            max_results=10000,
-        )
-    }
-    for row in df.to_dict(orient="records"):
-        if row["trial_id"] in done:
-            continue
-        child = study.tracker(
-            child_name(row),
-            kind=child_kind,
-            parent_run_id=parent.run_id,
-            tags={TAG_TRIAL: row["trial_id"], "status": row["status"]},
-        )
-        child.log_params(child_params(row))
-        for h in history(row) if history else []:
-            child.log_metrics({k: v for k, v in h.items() if k != "step"}, step=int(h.get("step", 0)))
-        child.log_metrics(child_metrics(row))
-        child.end("FINISHED" if row["status"] == "ok" else "FAILED")
-    parent.log_metrics(parent_metrics)
-    for path in artifacts:
-        if Path(path).exists():
-            parent.log_artifact(path)
-    parent.end()
-    return parent.run_id
-
-
-def _find_parent(study: Study, kind: str) -> str | None:
+def find_study_run(tracking_uri: str, experiment: str, study_root: str | Path, kind: str) -> str | None:
+    """The run id of the study's run of `kind` (tags `hpt.study_dir`, `hpt.kind`), or None."""
     from mlflow import MlflowClient
 
-    client = MlflowClient(study.tracking_uri)
-    exp = client.get_experiment_by_name(study.experiment)
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(experiment)
     if not exp:
         return None
     runs = client.search_runs(
-        [exp.experiment_id], filter_string=f"tags.`{TAG_STUDY}` = '{study.root}' and tags.`{TAG_KIND}` = '{kind}'"
+        [exp.experiment_id], filter_string=f"tags.`{TAG_STUDY}` = '{study_root}' and tags.`{TAG_KIND}` = '{kind}'"
     )
     return runs[0].info.run_id if runs else None

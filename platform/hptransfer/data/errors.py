@@ -1,9 +1,8 @@
-"""The data stage's user error: each problem names the file (or the spec field) and the fix."""
+"""The data stage's user error (defined with the others in `hptransfer.errors`, since the spec's
+tokenizer check raises it too): each problem names the file (or the spec field) and the fix."""
 
 from __future__ import annotations
 
-from hptransfer.errors import HptError
+from hptransfer.errors import DataError
 
-
-class DataError(HptError):
-    kind = "unusable data"
+__all__ = ["DataError"]

@@ -29,12 +29,13 @@ import pandas as pd
 
 from hptransfer.errors import DPError
 from hptransfer.io import save_figure
+from hptransfer.layout import DP_SWEEP_EXPERIMENT
 from hptransfer.spec import StudySpec
-from hptransfer.study import DP_SWEEP_EXPERIMENT
-from hptransfer.tracking import log_sweep_runs
+from hptransfer.sweep.record import log_sweep_runs
+from hptransfer.sweep.runner import SweepTask, run_sweep_task
 
 if TYPE_CHECKING:
-    from hptransfer.study import Study
+    from hptransfer.context import StudyContext
 
 POINT_KEYS = ("epsilon", "batch_size", "clip", "sigma", "steps", "chosen_b")
 TASKS = ("lm", "digits")
@@ -204,7 +205,7 @@ def _task_setup(spec: StudySpec, task: str, width: int | None, pretrain_width: i
 
 
 def run_dp_sweep(
-    study: Study,
+    study: StudyContext,
     *,
     task: str = "lm",
     width: int | None = None,
@@ -216,9 +217,8 @@ def run_dp_sweep(
     log=print,
 ) -> pd.DataFrame:
     """Run (or resume) the DP sweep of `task` ("lm" or "digits"); returns its table (also written to
-    the study's dp_sweep_results.csv). `width`: the LM's width (default: the spec's base width)."""
-    from hptransfer.sweep.runner import SweepTask, run_sweep_task
-
+    the study's dp_sweep_results.csv). `width`: the LM's width (default: the spec's base width).
+    The caller holds the study's lock (`hptransfer.pipeline.dp_sweep_stage`)."""
     spec = study.require_spec()
     if spec.dp is None:
         raise DPError(f"spec {spec.name!r} has no `dp:` block; add one (see search_spaces/dp-finetune.yaml)")

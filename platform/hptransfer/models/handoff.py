@@ -36,12 +36,11 @@ import torch
 from torch import nn
 
 from hptransfer.io import write_json, write_yaml
+from hptransfer.layout import PLAN_FILE  # the plan, named as in a study folder
 from hptransfer.spec import ModelSpec
-from hptransfer.study import StudyPaths
 
 HANDOFF_FILE = "hptransfer_handoff.json"
 BASE_SHAPES_FILE = "mup_base_shapes.bsh"
-PLAN_FILE = StudyPaths(Path(".")).plan.name  # the plan, named as in a study folder
 HANDOFF_VERSION = 1
 
 

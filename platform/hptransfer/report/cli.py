@@ -22,10 +22,12 @@ def report(
 ) -> None:
     """Write STUDY_DIR/report/index.html: the µTransfer plot, optimum against width, coordinate
     check, diagnostics and warnings, and the DP noise table when the spec has a `dp:` block."""
+    from hptransfer.context import StudyContext
     from hptransfer.report.html import write_report
-    from hptransfer.study import Study
 
-    study = Study.from_dir(study_dir)  # a clear StudyError when the folder is not a study
+    # Not `pipeline.report_stage`: this verb takes no lock (a report of a study still running is
+    # allowed) and logs to MLflow only when --tracking-uri is given.
+    study = StudyContext.from_dir(study_dir)  # a clear StudyError when the folder is not a study
     index = write_report(study.root, tracking_uri, log=lambda m: console.print(m, style="yellow", markup=False))
     console.print(f"report: {index}", markup=False)
     console.print(f"open:   file://{index.resolve()}", markup=False)

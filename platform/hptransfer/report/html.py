@@ -21,9 +21,9 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from hptransfer.study import StudyPaths
+from hptransfer.layout import StudyPaths
 
-_NAMES = StudyPaths(Path("."))  # file names for the "run this to produce it" notes
+_NAMES = StudyPaths(Path("."))  # the study folder's files relative to it, for the "run this to produce it" notes
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -320,11 +320,11 @@ def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Ca
 
 
 def _log_to_mlflow(spec, study: Path, out: Path, tracking_uri: str, log: Callable[[str], None]) -> str | None:
-    from hptransfer.study import Study
-    from hptransfer.tracking import _find_parent
+    from hptransfer.context import StudyContext
+    from hptransfer.tracking import find_study_run
 
-    st = Study.from_spec(spec, study, tracking_uri=tracking_uri)
-    run_id = _find_parent(st, "sweep")
+    st = StudyContext.from_spec(spec, study, tracking_uri=tracking_uri)
+    run_id = find_study_run(st.tracking_uri, st.experiment, st.root, "sweep")
     if run_id is None:
         log(
             f"report not logged to MLflow: no sweep run tagged hpt.study_dir={study} in experiment {st.experiment!r} "

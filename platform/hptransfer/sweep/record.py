@@ -9,16 +9,17 @@ skips children already logged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from hptransfer.spec import StudySpec
-from hptransfer.tracking import log_sweep_runs
+from hptransfer.tracking import TAG_TRIAL, find_study_run
 
 if TYPE_CHECKING:
-    from hptransfer.study import Study
+    from hptransfer.context import StudyContext
 
 
 def plot_sweep(df: pd.DataFrame, spec: StudySpec, path: str | Path, hp: str | None = None, marks: dict | None = None) -> Path:
@@ -52,7 +53,7 @@ def plot_sweep(df: pd.DataFrame, spec: StudySpec, path: str | Path, hp: str | No
     return save_figure(fig, path)
 
 
-def log_sweep(study: Study, df: pd.DataFrame, grid, plot: Path | None = None) -> str:
+def log_sweep(study: StudyContext, df: pd.DataFrame, grid, plot: Path | None = None) -> str:
     """The sweep's MLflow parent run (spec, grid, best per width, table, plot) and one child per trial
     with its hyperparameters, width, seed, per-report losses, status and wall time."""
     spec = study.require_spec()
@@ -105,3 +106,61 @@ def log_sweep(study: Study, df: pd.DataFrame, grid, plot: Path | None = None) ->
         parent_metrics={**best, **counts},
         artifacts=[study.paths.sweep_results, study.paths.spec, *([plot] if plot else [])],
     )
+
+
+def log_sweep_runs(
+    study: StudyContext,
+    df: pd.DataFrame,
+    *,
+    kind: str,
+    child_kind: str,
+    run_name: str,
+    parent_params: dict[str, Any],
+    child_name: Callable[[dict], str],
+    child_params: Callable[[dict], dict],
+    child_metrics: Callable[[dict], dict],
+    parent_metrics: dict[str, float],
+    artifacts: list[Path],
+    history: Callable[[dict], list[dict]] | None = None,
+) -> str:
+    """One parent run per sweep and one child per row of its table (tag `mlflow.parentRunId`); the
+    one logger of every sweep (the µTransfer sweep, the DP sweep).
+
+    Written from the driver after Tune returns, so trials never contend for a SQLite store, and
+    idempotent: a resumed sweep reuses its parent run (found by study folder and kind) and skips
+    children already logged (by `trial_id`). Returns the parent run id."""
+    parent_id = find_study_run(study.tracking_uri, study.experiment, study.root, kind)
+    if parent_id:
+        parent = study.tracker(run_id=parent_id)
+    else:
+        parent = study.tracker(run_name, kind=kind, tags={"hpt.spec_hash": study.spec_hash})
+        parent.log_params(parent_params)
+    client = parent.client
+    done = {
+        r.data.tags.get(TAG_TRIAL)
+        for r in client.search_runs(
+            [client.get_run(parent.run_id).info.experiment_id],
+            filter_string=f"tags.`mlflow.parentRunId` = '{parent.run_id}'",
+            max_results=10000,
+        )
+    }
+    for row in df.to_dict(orient="records"):
+        if row["trial_id"] in done:
+            continue
+        child = study.tracker(
+            child_name(row),
+            kind=child_kind,
+            parent_run_id=parent.run_id,
+            tags={TAG_TRIAL: row["trial_id"], "status": row["status"]},
+        )
+        child.log_params(child_params(row))
+        for h in history(row) if history else []:
+            child.log_metrics({k: v for k, v in h.items() if k != "step"}, step=int(h.get("step", 0)))
+        child.log_metrics(child_metrics(row))
+        child.end("FINISHED" if row["status"] == "ok" else "FAILED")
+    parent.log_metrics(parent_metrics)
+    for path in artifacts:
+        if Path(path).exists():
+            parent.log_artifact(path)
+    parent.end()
+    return parent.run_id

@@ -27,11 +27,11 @@ import pandas as pd
 
 from hptransfer.errors import SweepError
 from hptransfer.io import write_atomic
+from hptransfer.layout import NOISE_EXPERIMENT, SWEEP_EXPERIMENT
 from hptransfer.spec import StudySpec
-from hptransfer.study import NOISE_EXPERIMENT, SWEEP_EXPERIMENT
 
 if TYPE_CHECKING:
-    from hptransfer.study import Study
+    from hptransfer.context import StudyContext
 
 
 @dataclass
@@ -137,7 +137,7 @@ def _error_line(r) -> str:
     return " | ".join(lines[i : i + 4])[:300]
 
 
-def run_sweep_task(study: Study, task: SweepTask, *, restart: bool = False, log=print) -> tuple[pd.DataFrame, Any]:
+def run_sweep_task(study: StudyContext, task: SweepTask, *, restart: bool = False, log=print) -> tuple[pd.DataFrame, Any]:
     """Run (or resume) a sweep; returns its results table (also written to `task.results_path`) and
     Tune's ResultGrid."""
     from ray import tune
@@ -226,7 +226,7 @@ def _scheduler(spec: StudySpec):
     return None
 
 
-def lm_sweep_task(study: Study) -> SweepTask:
+def lm_sweep_task(study: StudyContext) -> SweepTask:
     from ray import tune
 
     from hptransfer.sweep.trial import tune_trainable
@@ -293,7 +293,7 @@ def replicate_points(spec: StudySpec, df: pd.DataFrame) -> list[dict]:
     return sorted(points, key=lambda p: p["width"], reverse=WIDEST_FIRST)  # in the grid's order
 
 
-def noise_task(study: Study, points: list[dict]) -> SweepTask:
+def noise_task(study: StudyContext, points: list[dict]) -> SweepTask:
     """The replicate trials: same trainable and table columns as the grid, other seeds."""
     import hashlib
     import json
@@ -335,7 +335,7 @@ class _Unpacked:
         self.config, self.metrics, self.error, self.path = config, result.metrics, result.error, result.path
 
 
-def run_sweep(study: Study, *, restart: bool = False, log=print) -> tuple[pd.DataFrame, Any]:
+def run_sweep(study: StudyContext, *, restart: bool = False, log=print) -> tuple[pd.DataFrame, Any]:
     """The main sweep (widths × grid × seeds), then `noise_seeds` replicates of each width's best
     point (the sweep's own loss noise). Returns the combined table (written to sweep_results.csv)
     and the grid's ResultGrid. `restart` sets aside both and the finished-trial markers."""

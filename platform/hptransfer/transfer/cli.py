@@ -133,9 +133,9 @@ def transfer(
     quiet: bool = typer.Option(False, "--quiet", help="Do not print the diagnostics table."),
 ) -> None:
     """Map the sweep's best hyperparameters to the target width; print the diagnostics; write the plan."""
-    from hptransfer.pipeline import transfer_stage
+    from hptransfer.layout import PLAN_FILE
+    from hptransfer.pipeline import Study, transfer_stage
     from hptransfer.plan import save_plan
-    from hptransfer.study import Study
     from hptransfer.transfer.engine import file_hash, make_plan, read_results, standalone_spec
 
     if (study_dir is None) == (results is None):
@@ -145,8 +145,8 @@ def transfer(
         if bad:
             fail(f"{', '.join(bad)} are for standalone use; with --study-dir edit {study_dir}/spec.yaml instead")
         study = Study.from_dir(study_dir)
-        plan = transfer_stage(study)
-        path = save_plan(plan, out) if out else study.paths.plan
+        plan = transfer_stage(study, out=out)  # written once: to --out when given, else into the study folder
+        path = Path(out) if out else study.paths.plan
     else:
         missing = [n for n, v in (("--rule", rule), ("--target-width", target_width)) if v is None]
         if missing:
@@ -173,7 +173,7 @@ def transfer(
             source=str(results),
         )
         plan = make_plan(spec, table, {"results_file": str(results), "results_file_hash": file_hash(results)})
-        path = save_plan(plan, out or Path(Study(None, ".", name=plan.study).paths.plan.name))
+        path = save_plan(plan, out or Path(PLAN_FILE))
     if not quiet:
         print_plan(plan, path)
 
