@@ -18,7 +18,7 @@ from hptransfer.study import Study
 from conftest import tiny_spec_dict
 
 pytestmark = pytest.mark.slow
-LINE = re.compile(r"\[sweep \d+/\d+\] width=(\d+) lr=(\S+) seed=(\d+) -> (.*?) val_loss")
+LINE = re.compile(r"\[sweep \d+/\d+\] (?:replicate )?width=(\d+) lr=(\S+) seed=(\d+) -> (.*?) val_loss")
 
 
 def _sweep_cmd(spec_path, study):
@@ -26,7 +26,11 @@ def _sweep_cmd(spec_path, study):
 
 
 def test_resume_after_sigkill_of_the_driver(tmp_path):
-    spec = tiny_spec_dict(name="resume", sweep={"widths": [16, 32], "grid": {"lr": [0.003, 0.01, 0.03, 0.1]}, "steps": 60})
+    # 8 grid trials and 2 replicates per width, all in one Tune run: killed after 5 have finished,
+    # when the widest width's grid is done and its replicates are queued or running (sweep/ladder.py).
+    spec = tiny_spec_dict(
+        name="resume", sweep={"widths": [16, 32], "grid": {"lr": [0.003, 0.01, 0.03, 0.1]}, "steps": 60, "noise_seeds": 2}
+    )
     spec_path = tmp_path / "resume.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     study = tmp_path / "study"
@@ -39,11 +43,11 @@ def test_resume_after_sigkill_of_the_driver(tmp_path):
         m = LINE.search(line)
         if m:
             finished_before.add(m.groups()[:3])
-        if len(finished_before) >= 3 or time.time() > deadline:
+        if len(finished_before) >= 5 or time.time() > deadline:
             break
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
-    assert len(finished_before) >= 3, "the sweep did not get going"
+    assert len(finished_before) >= 5, "the sweep did not get going"
     assert not (study / "sweep_results.csv").exists()
 
     r = subprocess.run(_sweep_cmd(spec_path, study), capture_output=True, text=True, timeout=600)
@@ -53,18 +57,21 @@ def test_resume_after_sigkill_of_the_driver(tmp_path):
     for trial in finished_before:  # never trained twice: either restored by Tune or replayed
         assert trial not in second or "not run again" in second[trial], (trial, second.get(trial))
     df = pd.read_csv(study / "sweep_results.csv")
-    assert len(df) == 8 and (df.status == "ok").all()
-    assert len(df.drop_duplicates(["width", "lr", "seed"])) == 8
+    assert len(df) == 12 and (df.status == "ok").all()
+    assert len(df.drop_duplicates(["width", "lr", "seed"])) == 12
+    for _, g in df.groupby("width"):  # the replicates rerun the width's best grid point, seeds 1 and 2
+        grid, reps = g[~g.replicate], g[g.replicate]
+        assert set(reps.seed) == {1, 2} and (reps.lr == grid.sort_values("val_loss").lr.iloc[0]).all()
 
     mlflow.set_tracking_uri(f"sqlite:///{study / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["resume"])
-    assert (runs["tags.hpt.kind"] == "sweep").sum() == 1 and (runs["tags.hpt.kind"] == "trial").sum() == 8
+    assert (runs["tags.hpt.kind"] == "sweep").sum() == 1 and (runs["tags.hpt.kind"] == "trial").sum() == 12
 
     # A third run finds the sweep finished: nothing trains, nothing is logged twice.
     r3 = subprocess.run(_sweep_cmd(spec_path, study), capture_output=True, text=True, timeout=600)
     assert r3.returncode == 0, r3.stderr[-3000:]
-    assert "[sweep] 8/8 trials kept from the earlier run: nothing left to train" in r3.stdout, r3.stdout[-3000:]
-    assert (mlflow.search_runs(experiment_names=["resume"])["tags.hpt.kind"] == "trial").sum() == 8
+    assert "[sweep] 12/12 trials kept from the earlier run: nothing left to train" in r3.stdout, r3.stdout[-3000:]
+    assert (mlflow.search_runs(experiment_names=["resume"])["tags.hpt.kind"] == "trial").sum() == 12
 
 
 def test_asha_stops_poor_trials_and_marks_them(ray_local, tmp_path):
@@ -127,8 +134,9 @@ def test_the_sweep_measures_its_own_noise_at_each_best_point(ray_local, tmp_path
 
     spec = parse_spec(tiny_spec_dict(name="noise", sweep={"grid": {"lr": [0.003, 0.03]}, "noise_seeds": 2, "steps": 8}))
     study = Study.from_spec(spec, tmp_path)
-    df, _ = run_sweep(study)
+    df, grid = run_sweep(study)
     assert len(df) == 2 * 2 + 2 * 2 and df.replicate.sum() == 4
+    assert len(grid) == 8 and not (study.paths.ray_storage / "sweep_noise").exists()  # one Tune run, not two
     for _, g in df.groupby("width"):
         best_lr = g[~g.replicate].sort_values("val_loss").lr.iloc[0]
         reps = g[g.replicate]

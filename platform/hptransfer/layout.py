@@ -74,7 +74,6 @@ class TrainPaths:
 
 TRAIN_EXPERIMENT = "train"  # Ray Train run name (its folder under ray_results/)
 SWEEP_EXPERIMENT = "sweep"  # Ray Tune experiment name of the main sweep
-NOISE_EXPERIMENT = "sweep_noise"  # the replicate trials at each width's best point
 DP_SWEEP_EXPERIMENT = "dp_sweep"
 
 
@@ -89,7 +88,6 @@ class StudyPaths:
     coord_check_json = property(lambda self: self.root / "coord_check.json")
     sweep_results = property(lambda self: self.root / "sweep_results.csv")
     sweep_png = property(lambda self: self.root / "sweep.png")
-    noise_results = property(lambda self: self.root / "ray_results" / "sweep_noise_results.csv")
     dp_sweep_results = property(lambda self: self.root / "dp_sweep_results.csv")
     dp_sweep_png = property(lambda self: self.root / "dp_sweep.png")
     plan = property(lambda self: self.root / PLAN_FILE)

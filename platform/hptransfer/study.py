@@ -7,7 +7,6 @@ imports this module; it is for users, tests and benchmarks.
 from hptransfer.context import StudyContext
 from hptransfer.layout import (
     DP_SWEEP_EXPERIMENT,
-    NOISE_EXPERIMENT,
     STUDIES_ROOT,
     SWEEP_EXPERIMENT,
     TRAIN_EXPERIMENT,
@@ -20,7 +19,6 @@ from hptransfer.pipeline import Study
 
 __all__ = [
     "DP_SWEEP_EXPERIMENT",
-    "NOISE_EXPERIMENT",
     "STUDIES_ROOT",
     "SWEEP_EXPERIMENT",
     "TRAIN_EXPERIMENT",

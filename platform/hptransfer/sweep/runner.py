@@ -27,7 +27,7 @@ import pandas as pd
 
 from hptransfer.errors import SweepError
 from hptransfer.io import write_atomic
-from hptransfer.layout import NOISE_EXPERIMENT, SWEEP_EXPERIMENT
+from hptransfer.layout import SWEEP_EXPERIMENT
 from hptransfer.spec import StudySpec
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 class SweepTask:
     experiment: str  # Tune experiment name: its folder under the study's ray_results/
     trainable: Callable  # a Tune function trainable (parameters bound with tune.with_parameters)
-    axes: dict[str, list]  # grid axes; the trial set is their product
+    axes: dict[str, list]  # grid axes; the trial set is their product (unless `searcher` hands out the trials)
     resources: dict[str, float]  # per trial, e.g. {"cpu": 1, "gpu": 0}
     metric: str
     mode: str  # "min" | "max"
@@ -53,10 +53,15 @@ class SweepTask:
     reuse_actors: bool = True
     time_budget_s: float | None = None
     restart_also: tuple[Path, ...] = ()  # more state a restart moves aside (e.g. finished-trial markers)
+    # A Tune Searcher that hands out the trials instead of a grid over `axes` (which then only
+    # describe the sweep), and the number of trials it plans (for progress lines).
+    searcher: Any = None
+    planned: int | None = None
+    note: str = ""  # appended to the "sweep: N trials (...)" line
 
     @property
     def total(self) -> int:
-        return math.prod(len(v) for v in self.axes.values())
+        return self.planned if self.planned is not None else math.prod(len(v) for v in self.axes.values())
 
 
 def check_resources(need: dict[str, float], cluster: dict, fields: dict[str, str]) -> None:
@@ -172,9 +177,10 @@ def run_sweep_task(study: StudyContext, task: SweepTask, *, restart: bool = Fals
                 ) from e
         else:
             write_atomic(stamp, task.fingerprint)
+            grid = {} if task.searcher is not None else {k: tune.grid_search(list(v)) for k, v in task.axes.items()}
             tuner = tune.Tuner(
                 trainable,
-                param_space={**task.constants, **{k: tune.grid_search(list(v)) for k, v in task.axes.items()}},
+                param_space={**task.constants, **grid},
                 # Reusing trial processes skips ~5 s of imports, corpus reading and first model build
                 # per trial (benchmarks/sweep_overhead.py: 24 trials 302 s → 133 s).
                 tune_config=tune.TuneConfig(
@@ -183,6 +189,8 @@ def run_sweep_task(study: StudyContext, task: SweepTask, *, restart: bool = Fals
                     reuse_actors=task.reuse_actors,
                     scheduler=task.scheduler,
                     time_budget_s=task.time_budget_s,
+                    search_alg=task.searcher,
+                    num_samples=-1 if task.searcher is not None else 1,  # a searcher says when it is finished
                 ),
                 run_config=tune.RunConfig(
                     name=task.experiment,
@@ -192,7 +200,7 @@ def run_sweep_task(study: StudyContext, task: SweepTask, *, restart: bool = Fals
                     failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
                 ),
             )
-        log(f"sweep: {task.total} trials (" + " × ".join(f"{len(v)} {k}" for k, v in task.axes.items()) + ")")
+        log(f"sweep: {task.total} trials (" + " × ".join(f"{len(v)} {k}" for k, v in task.axes.items()) + task.note + ")")
         _ANNOUNCED.discard(task.experiment)
         grid = tuner.fit()
         if resumable and task.experiment not in _ANNOUNCED:
@@ -209,8 +217,17 @@ def run_sweep_task(study: StudyContext, task: SweepTask, *, restart: bool = Fals
 
 # --- the µTransfer sweep: widths × grid × seeds --------------------------------------------------
 
-# Trial order: widest first (False only for benchmarks/sweep_overhead.py --ascending-widths).
-WIDEST_FIRST = True
+# Trial order. Tune starts trials in grid order, and the longest trials started last leave cores
+# idle at the end of the sweep, so "widest-first" (longest-processing-time-first scheduling) is the
+# default; "ascending" is the what-if `benchmarks/sweep_overhead.py --ascending-widths` measures.
+TRIAL_ORDERS = ("widest-first", "ascending")
+
+
+def ordered_widths(widths: list[int] | set[int], order: str = "widest-first") -> list[int]:
+    """`widths` in the order their trials start."""
+    if order not in TRIAL_ORDERS:
+        raise ValueError(f"order must be one of {', '.join(TRIAL_ORDERS)}, got {order!r}")
+    return sorted(widths, reverse=order == "widest-first")
 
 
 def _scheduler(spec: StudySpec):
@@ -226,9 +243,14 @@ def _scheduler(spec: StudySpec):
     return None
 
 
-def lm_sweep_task(study: StudyContext) -> SweepTask:
+def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_actors: bool = True) -> SweepTask:
+    """The ladder as one Tune run: widths × seeds × grid, then `noise_seeds` replicates of each
+    width's best point, handed out by `LadderSearcher` as soon as that width's grid is done."""
+    import itertools
+
     from ray import tune
 
+    from hptransfer.sweep.ladder import LadderSearcher
     from hptransfer.sweep.trial import tune_trainable
 
     spec = study.require_spec()
@@ -254,98 +276,72 @@ def lm_sweep_task(study: StudyContext) -> SweepTask:
             "train_s": float(m.get("train_s", math.nan)),
             "trial_id": m.get("trial_id") or Path(r.path).name,
             "spec_hash": study.sweep_hash,
+            "replicate": bool(c.get("replicate", False)),
         }
 
+    widths = ordered_widths(spec.sweep.widths, order)
+    axes = {"width": widths, "seed": list(spec.sweep.seeds), **{hp: list(v) for hp, v in spec.sweep.grid.items()}}
+    points = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+    replicate_seeds = [max(spec.sweep.seeds) + 1 + i for i in range(spec.sweep.noise_seeds)]
+    searcher = LadderSearcher(
+        points,
+        grid,
+        replicate_seeds,
+        {w: i for i, w in enumerate(widths)},
+        metric="val_loss",
+        mode="min",
+        ok=lambda result: status({}, result) == "ok",
+    )
     return SweepTask(
         experiment=SWEEP_EXPERIMENT,
         trainable=tune.with_parameters(tune_trainable, spec=spec, done_dir=str(study.paths.trials_done)),
-        axes={
-            # Widest first: Tune starts trials in grid order, and the longest trials started last leave
-            # cores idle at the end of the sweep (longest-processing-time-first scheduling).
-            "width": sorted(spec.sweep.widths, reverse=WIDEST_FIRST),
-            "seed": list(spec.sweep.seeds),
-            **{hp: list(v) for hp, v in spec.sweep.grid.items()},
-        },
+        axes=axes,
         resources={"cpu": spec.sweep.cpus_per_trial, "gpu": spec.sweep.gpus_per_trial},
         metric="val_loss",
         mode="min",
         row=row,
         results_path=study.paths.sweep_results,
-        fingerprint=study.sweep_hash or "",
+        # "/ladder": the grid and its replicates in one Tune run (an older two-run sweep is not resumed)
+        fingerprint=f"{study.sweep_hash or ''}/ladder",
         sort_by=["width", *grid, "seed"],
         restart_also=(study.paths.trials_done,),
-        describe=lambda c: f"width={c['width']} " + " ".join(f"{k}={c[k]:.3g}" for k in grid) + f" seed={c['seed']}",
+        describe=lambda c: ("replicate " if c.get("replicate") else "")
+        + f"width={c['width']} "
+        + " ".join(f"{k}={c[k]:.3g}" for k in grid)
+        + f" seed={c['seed']}",
         status=lambda c, m: status(c, m),
         scheduler=_scheduler(spec),
+        reuse_actors=reuse_actors,
         time_budget_s=spec.sweep.wall_clock_budget_s,
+        searcher=searcher,
+        planned=len(points) + len(widths) * len(replicate_seeds),
+        note=f" + {len(replicate_seeds)} replicate seeds at each width's best point" if replicate_seeds else "",
     )
 
 
-def replicate_points(spec: StudySpec, df: pd.DataFrame) -> list[dict]:
+def replicate_points(spec: StudySpec, df: pd.DataFrame, order: str = "widest-first") -> list[dict]:
     """Each width's best grid point (seed-averaged ok losses) × `noise_seeds` new seeds."""
+    from hptransfer.sweep.ladder import best_point
+
     tuned = list(spec.sweep.grid)
     new_seeds = [max(spec.sweep.seeds) + 1 + i for i in range(spec.sweep.noise_seeds)]
     points = []
     for width, g in df[df.status == "ok"].groupby("width"):
-        best = g.groupby(tuned)["val_loss"].mean().idxmin()
-        best = dict(zip(tuned, best if isinstance(best, tuple) else (best,)))
-        points += [{"width": int(width), **{k: float(v) for k, v in best.items()}, "seed": s} for s in new_seeds]
-    return sorted(points, key=lambda p: p["width"], reverse=WIDEST_FIRST)  # in the grid's order
+        rows = [{**{k: float(r[k]) for k in tuned}, "val_loss": float(r["val_loss"]), "ok": True} for _, r in g.iterrows()]
+        best = best_point(rows, tuned)
+        points += [{"width": int(width), **best, "seed": s} for s in new_seeds] if best else []
+    rank = {w: i for i, w in enumerate(ordered_widths({p["width"] for p in points}, order))}
+    return sorted(points, key=lambda p: rank[p["width"]])  # in the grid's order
 
 
-def noise_task(study: StudyContext, points: list[dict]) -> SweepTask:
-    """The replicate trials: same trainable and table columns as the grid, other seeds."""
-    import hashlib
-    import json
-
-    from ray import tune
-
-    from hptransfer.sweep.trial import tune_trainable
-
-    spec = study.require_spec()
-    base = lm_sweep_task(study)
-
-    def trainable(config, **kw):
-        return tune_trainable({**config, **config["point"]}, **kw)
-
-    def unpack(c: dict) -> dict:
-        return {**c, **c["point"]} if "point" in c else c
-
-    fingerprint = hashlib.sha256(json.dumps([study.sweep_hash, points], sort_keys=True).encode()).hexdigest()[:16]
-    return SweepTask(
-        experiment=NOISE_EXPERIMENT,
-        trainable=tune.with_parameters(trainable, spec=spec, done_dir=str(study.paths.trials_done)),
-        axes={"point": points},
-        resources=base.resources,
-        metric="val_loss",
-        mode="min",
-        row=lambda r: base.row(_Unpacked(r, unpack(r.config))),
-        results_path=study.paths.noise_results,
-        fingerprint=fingerprint,
-        sort_by=base.sort_by,
-        describe=lambda c: "replicate " + base.describe(unpack(c)),
-        status=lambda c, m: base.status(unpack(c), m),
-    )
-
-
-class _Unpacked:
-    """A Tune result whose config has the replicate's point spread out, for the grid's row function."""
-
-    def __init__(self, result, config: dict):
-        self.config, self.metrics, self.error, self.path = config, result.metrics, result.error, result.path
-
-
-def run_sweep(study: StudyContext, *, restart: bool = False, log=print) -> tuple[pd.DataFrame, Any]:
-    """The main sweep (widths × grid × seeds), then `noise_seeds` replicates of each width's best
-    point (the sweep's own loss noise). Returns the combined table (written to sweep_results.csv)
-    and the grid's ResultGrid. `restart` sets aside both and the finished-trial markers."""
-    spec = study.require_spec()
-    df, grid = run_sweep_task(study, lm_sweep_task(study), restart=restart, log=log)
-    points = replicate_points(spec, df) if spec.sweep.noise_seeds else []
-    if points:
-        log(f"sweep: {len(points)} replicate trials at each width's best point (measuring the loss noise)")
-        rep, _ = run_sweep_task(study, noise_task(study, points), restart=restart, log=log)
-        df = pd.concat([df.assign(replicate=False), rep.assign(replicate=True)], ignore_index=True)
-        df = df.sort_values(["width", *spec.sweep.grid, "seed"]).reset_index(drop=True)
-        write_atomic(study.paths.sweep_results, df.to_csv(index=False))
-    return df, grid
+def run_sweep(
+    study: StudyContext, *, restart: bool = False, log=print, order: str = "widest-first", reuse_actors: bool = True
+) -> tuple[pd.DataFrame, Any]:
+    """The main sweep (widths × grid × seeds) and `noise_seeds` replicates of each width's best
+    point (the sweep's own loss noise), in one Tune run. Returns the table (written to
+    sweep_results.csv; replicate rows have `replicate` true) and Tune's ResultGrid. `restart` sets
+    aside the sweep and the finished-trial markers. `order`
+    (TRIAL_ORDERS) is the order trials start in; `reuse_actors=False` gives every trial a fresh
+    process (both only change the sweep's wall time: the what-ifs of benchmarks/sweep_overhead.py)."""
+    task = lm_sweep_task(study, order=order, reuse_actors=reuse_actors)
+    return run_sweep_task(study, task, restart=restart, log=log)
