@@ -305,10 +305,12 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
         fingerprint=f"{study.sweep_hash or ''}/ladder",
         sort_by=["width", *grid, "seed"],
         restart_also=(study.paths.trials_done,),
-        describe=lambda c: ("replicate " if c.get("replicate") else "")
-        + f"width={c['width']} "
-        + " ".join(f"{k}={c[k]:.3g}" for k in grid)
-        + f" seed={c['seed']}",
+        describe=lambda c: (
+            ("replicate " if c.get("replicate") else "")
+            + f"width={c['width']} "
+            + " ".join(f"{k}={c[k]:.3g}" for k in grid)
+            + f" seed={c['seed']}"
+        ),
         status=lambda c, m: status(c, m),
         scheduler=_scheduler(spec),
         reuse_actors=reuse_actors,
