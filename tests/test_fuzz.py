@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import typing
 from functools import cache
@@ -16,6 +17,7 @@ from pathlib import Path
 import hypothesis
 import pandas as pd
 import pytest
+import tomllib
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,7 +28,7 @@ from typer.testing import CliRunner
 from hptransfer.errors import HptError, PlanError, SpecError
 from hptransfer.hyperparameters import TUNABLE
 from hptransfer.plan import TransferPlan, parse_plan
-from hptransfer.spec import RULE_NAMES, StudySpec, parse_spec
+from hptransfer.spec import RULE_NAMES, StudySpec, load_spec, parse_spec
 from hptransfer.transfer.schedule import warmup_multiplier
 
 from conftest import tiny_spec_dict
@@ -368,8 +370,17 @@ def test_fuzz_hpt_validate_exits_0_or_2(fuzz_dir, data):
     path.write_text(yaml.safe_dump(data, allow_unicode=True))
     result = CliRunner().invoke(app, ["validate", str(path)])
     _no_traceback(result)
+    event(f"exit {result.exit_code}")
     if result.exit_code == 2:
         assert "error" in result.output
+        with pytest.raises(SpecError):  # refused by the CLI: refused by the library too
+            load_spec(path)
+        return
+    # Accepted: the line printed describes the spec the library loads from that file.
+    s = load_spec(path)
+    said = result.output
+    assert said.startswith("ok ") and f"study {s.name!r}, {s.model.family}/{s.model.parametrization}" in said, said
+    assert f"{s.sweep.n_trials} trials, rule {s.transfer.rule}" in said and f"target {s.target.width}" in said, said
 
 
 # --- results tables --------------------------------------------------------------------------------------
@@ -564,6 +575,15 @@ def test_fuzz_hpt_transfer_results_exits_0_or_2(fuzz_dir, df, rule, target_width
     )  # and print the diagnostics
     _no_traceback(result)
     event(f"exit {result.exit_code}")
+    written = fuzz_dir / f"plan{n}.yaml"
+    if result.exit_code == 2:
+        assert not written.exists(), "a refused transfer wrote a plan"
+        return
+    # Exit 0: the plan file on disk loads as a usable plan, for the rule and width asked for.
+    plan = parse_plan(yaml.safe_load(written.read_text()))
+    check_plan(plan)
+    assert plan.rule == rule and plan.target.width == int(float(target_width)), (plan.rule, plan.target.width)
+    assert f"plan written to {written}" in " ".join(result.output.split())
 
 
 def _study(fuzz_dir: Path, table: pd.DataFrame, spec_over: dict):
@@ -742,6 +762,27 @@ def test_fuzz_hpt_export_exits_0_or_2(fuzz_dir, data, to):
     n = next(_counter)
     path = fuzz_dir / f"plan{n}.yaml"
     path.write_text(yaml.safe_dump(data, allow_unicode=True))
-    result = CliRunner().invoke(app, ["export", str(path), "--to", to, "--out", str(fuzz_dir / f"export{n}.out")])
+    out = fuzz_dir / f"export{n}.out"
+    result = CliRunner().invoke(app, ["export", str(path), "--to", to, "--out", str(out)])
     _no_traceback(result)
     event(f"exit {result.exit_code}")
+    if result.exit_code == 2:
+        assert not out.exists(), "a refused export wrote a file"
+        return
+    # Exit 0: the file parses in its format and carries the plan's optimizer and shape.
+    plan = parse_plan(yaml.safe_load(path.read_text()))
+    hps = plan.hps
+    if to == "torchtitan":
+        t = tomllib.loads(out.read_text())
+        got = (t["optimizer"]["lr"], t["optimizer"]["weight_decay"], t["training"]["steps"], t["training"]["max_norm"])
+        assert (t["optimizer"]["beta1"], t["optimizer"]["beta2"]) == (hps.beta1, hps.beta2)
+    elif to == "hf":
+        j = json.loads(out.read_text())
+        got = (j["learning_rate"], j["weight_decay"], j["max_steps"], j["max_grad_norm"])
+        assert (j["adam_beta1"], j["adam_beta2"], j["warmup_steps"]) == (hps.beta1, hps.beta2, round(hps.warmup_steps))
+    else:
+        j = json.loads(out.read_text())
+        opt = j["optimizer"]["params"]
+        got = (opt["lr"], opt["weight_decay"], plan.target.steps, j["gradient_clipping"])
+        assert opt["betas"] == [hps.beta1, hps.beta2] and j["train_batch_size"] == plan.target.batch_size
+    assert got == (hps.lr, hps.weight_decay, plan.target.steps, hps.grad_clip), (to, got)
