@@ -1,5 +1,10 @@
 """Shared fixtures: one real local Ray for the session, a real `mlflow server` process on loopback,
-tiny specs. Nothing here is mocked."""
+one real `hpt run` study for the session, tiny specs. Nothing here is mocked.
+
+Tiers: a test is `slow` when it starts Ray, DeepSpeed, an MLflow server or an `hpt` pipeline, or
+takes more than ~5 s on 2 cores. `.ci/run` runs `-m "not slow"` first (a broken build fails in
+minutes), then `-m slow`. A test that uses one of the fixtures below that start such a service
+is marked `slow` here, whatever its module says."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -74,6 +80,63 @@ def ray_local():
     )
     yield ray
     ray.shutdown()
+
+
+# Fixtures that start Ray, an MLflow server or an `hpt run`: their tests are slow by definition.
+SLOW_FIXTURES = {"ray_local", "mlflow_server", "hpt_run_study"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+
+
+# The shared study's large run: steps, and validation every EVAL_EVERY steps (so the console shows
+# steps with and without a val loss). The coordinate check's widths: two widths this small give a
+# Llama µP slope too noisy to pass (down_proj −0.4 at 16, 32); four fit one well (−0.06), in seconds.
+E2E_STEPS, E2E_EVAL_EVERY, E2E_COORD_WIDTHS = 10, 5, [16, 32, 64, 128]
+
+
+def e2e_spec_dict() -> dict:
+    """The shared `hpt run` study: a 1-layer Llama ladder 16, 32 (3 LRs: 6 trials) → width 64 on 2
+    DeepSpeed workers, 8 sequences a step; a Llama so the large run also exports a Hugging Face model."""
+    return tiny_spec_dict(
+        name="e2e",
+        model={"family": "llama", "head_dim": 16, "seq_len": 16, "depth": 1},
+        coord_check={"widths": E2E_COORD_WIDTHS},
+        sweep={"widths": [16, 32], "grid": {"lr": [0.003, 0.03, 0.3]}},
+        target={"width": 64, "steps": E2E_STEPS, "batch_size": 8},
+        train={"eval_every": E2E_EVAL_EVERY},
+    )
+
+
+@pytest.fixture(scope="session")
+def hpt_run_study(tmp_path_factory) -> dict:
+    """ONE `hpt run` as a user runs it, made once per session and read by test_console.py and
+    test_pipeline.py: a fresh process, its own local Ray, the coordinate check, a Tune sweep, the
+    transfer, a 2-worker Ray Train + DeepSpeed run, MLflow on SQLite, the report. Several full runs
+    were the suite's largest cost. Read only: a test that re-runs or edits the study copies it first
+    (`shutil.copytree`), so no test sees another's changes, in any order."""
+    root = tmp_path_factory.mktemp("hpt_run")
+    spec = root / "e2e.yaml"
+    spec.write_text(yaml.safe_dump(e2e_spec_dict()))
+    study = root / "study"
+    r = subprocess.run(
+        [sys.executable, "-m", "hptransfer", "run", str(spec), "--study-dir", str(study)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+    return {
+        "spec": spec,
+        "dir": study,
+        "stdout": r.stdout,
+        "console": r.stdout + r.stderr,
+        "log": (study / "hpt.log").read_text(),
+    }
 
 
 @pytest.fixture(scope="session")

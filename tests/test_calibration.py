@@ -25,6 +25,8 @@ from hptransfer.transfer.penalty import penalty_at_target
 from hptransfer.transfer.rules import RULES, Evidence, Target
 from hptransfer.transfer.synthetic import synthetic_trials, true_optimum
 
+pytestmark = pytest.mark.slow  # 9 scenarios × 200 simulated ladders: ~30 s on 2 cores
+
 DRAWS = 200
 W5, W3 = (32, 64, 128, 256, 512), (32, 64, 128)
 TARGET = 4096  # 8× the widest swept width

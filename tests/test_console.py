@@ -1,30 +1,32 @@
 """What a person running `hpt run` sees (issue 15): progress lines from the coordinate check, the
 sweep and the large run; none of the library noise on the console, all of it in the study's log
-file; everything back with `--verbose`. The slow tests: one real run of a tiny spec in a fresh
-process, then one `--verbose` re-run of the same study (it resumes: the sweep keeps its trials, the
-large run its final checkpoint, so it is the cheaper of the two). The fast ones check the pieces:
-the routing of Ray worker output, the driver's tail of rank 0's progress, the progress lines and
-the batched MLflow writes."""
+file; everything back with `--verbose`. The slow tests read the session's one real run of a tiny
+spec in a fresh process (`hpt_run_study` in conftest.py), then make one `--verbose` re-run of a copy
+of that study (it resumes: the sweep keeps its trials, the large run its final checkpoint, so it is
+the cheaper of the two). The fast ones check the pieces: the routing of Ray worker output, the
+driver's tail of rank 0's progress, the progress lines and the batched MLflow writes."""
 
 import json
 import logging
 import re
+import shutil
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
-import yaml
+from typer.testing import CliRunner
 
 from hptransfer import logs
+from hptransfer.cli import app
 from hptransfer.study import TrainPaths
 from hptransfer.tracking import BatchedMetrics
 from hptransfer.train.progress import Progress
 
-from conftest import tiny_spec_dict
+from conftest import E2E_COORD_WIDTHS, E2E_EVAL_EVERY, E2E_STEPS
 
-STEPS = 10
+STEPS, EVAL, CC = E2E_STEPS, E2E_EVAL_EVERY, E2E_COORD_WIDTHS  # the shared study's large run, coord check
 # Printed during every large run (Ray Train, DeepSpeed, torch): off the console, in the log file.
 NOISE = [
     "TrainingReport(",
@@ -45,18 +47,9 @@ def hpt(*args: str) -> subprocess.CompletedProcess:
     return r
 
 
-@pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    root = tmp_path_factory.mktemp("console")
-    spec = root / "tiny.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            tiny_spec_dict(name="console", target={"width": 64, "steps": STEPS, "batch_size": 8}, train={"eval_every": 5})
-        )
-    )
-    study = root / "study"
-    r = hpt("run", str(spec), "--study-dir", str(study))
-    return {"spec": spec, "dir": study, "console": r.stdout + r.stderr, "log": (study / "hpt.log").read_text()}
+@pytest.fixture
+def study(hpt_run_study):
+    return hpt_run_study
 
 
 @pytest.mark.slow
@@ -65,8 +58,8 @@ def test_progress_lines_reach_the_console(study):
     lines = {int(m.group(1)): m.group(0) for m in PROGRESS.finditer(console)}
     assert set(lines) == set(range(1, STEPS + 1)), console[-3000:]  # ≥ every 10% of the steps: here every step
     assert all(m.group(2) == str(STEPS) for m in PROGRESS.finditer(console))
-    assert "  val " in lines[5] and "  val " in lines[10] and "  val " not in lines[4]  # val when evaluated
-    assert "coord check 1/2: width 16" in console and "coord check 2/2: width 32" in console
+    assert "  val " in lines[EVAL] and "  val " in lines[STEPS] and "  val " not in lines[EVAL - 1]  # val when evaluated
+    assert all(f"coord check {i}/{len(CC)}: width {w}" in console for i, w in enumerate(CC, 1)), console[-3000:]
     assert "[sweep 6/6]" in console
     assert "\x1b[" not in console  # plain text in a CI log
 
@@ -78,7 +71,7 @@ def test_library_noise_goes_to_the_log_file_only(study):
         assert noise not in console, f"{noise!r} on the console:\n{console[-3000:]}"
     for noise in NOISE:
         assert noise in log, f"{noise!r} missing from hpt.log"
-    assert "train step 10/10" in log  # our own lines are in the log file too, for context
+    assert f"train step {STEPS}/{STEPS}" in log  # our own lines are in the log file too, for context
     assert "\x1b[" not in log
 
 
@@ -87,7 +80,9 @@ def test_progress_json_and_status_of_the_finished_study(study):
     progress = json.loads((study["dir"] / "train" / "progress.json").read_text())
     assert progress["step"] == progress["total"] == STEPS and progress["status"] == "ok"
     assert progress["eta_s"] == 0 and progress["tokens_per_s"] > 0 and progress["time"] > progress["started"]
-    st = json.loads(hpt("status", str(study["dir"]), "--json").stdout)
+    r = CliRunner().invoke(app, ["status", str(study["dir"]), "--json"])  # in process: no second start-up
+    assert r.exit_code == 0, r.output
+    st = json.loads(r.stdout)
     states = {k: v["state"] for k, v in st["stages"].items()}
     assert states == {"spec": "done", "coord_check": "pass", "sweep": "done", "plan": "done", "train": "done", "report": "done"}
     assert st["stages"]["sweep"]["by_status"] == {"ok": 6}
@@ -98,15 +93,16 @@ def test_progress_json_and_status_of_the_finished_study(study):
 
 
 @pytest.mark.slow
-def test_verbose_brings_the_noise_back(study):
-    r = hpt("--verbose", "run", str(study["spec"]), "--study-dir", str(study["dir"]), "--skip-coord-check")
+def test_verbose_brings_the_noise_back(study, tmp_path):
+    again = shutil.copytree(study["dir"], tmp_path / "study")  # the shared study stays as its run left it
+    r = hpt("--verbose", "run", str(study["spec"]), "--study-dir", str(again), "--skip-coord-check")
     console = r.stdout + r.stderr
     for noise in ("TrainingReport(", "deepspeed_shm_comm_op built", "(RayTrainWorker pid="):
         assert noise in console, f"{noise!r} not on the console under --verbose:\n{console[-3000:]}"
     assert f"resumed from the checkpoint at step {STEPS}/{STEPS}" in console  # rank 0's line, via progress.log
     assert "\x1b[" not in console
     # the re-run found the large run finished: its final metrics are still those of the last step
-    final = json.loads((study["dir"] / "train" / "train_metrics.json").read_text())["final"]
+    final = json.loads((again / "train" / "train_metrics.json").read_text())["final"]
     assert final["step"] == STEPS and final["status"] == "ok" and "val_loss" in final
 
 

@@ -13,6 +13,8 @@ from hptransfer.study import Study
 
 from conftest import tiny_spec_dict
 
+pytestmark = pytest.mark.slow  # Llama at widths to 256 and an `hpt coord-check` process: ~15 s on 2 cores
+
 
 def _llama(par):
     return parse_spec(

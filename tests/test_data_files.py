@@ -290,6 +290,7 @@ def test_spec_rejects_file_settings_on_the_stdlib_corpus():
         parse_spec(tiny_spec_dict(data={"corpus": "files"}))
 
 
+@pytest.mark.slow  # three `hpt` processes: ~13 s on 2 cores
 def test_hpt_data_prepare_cli(corpus_dir, tmp_path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(_spec_dict(corpus_dir, tmp_path / "cache")))

@@ -1,36 +1,20 @@
 """`hpt run` end to end as a user runs it: a fresh process, a real local Ray, a Tune sweep, the
-transfer, a 2-worker Ray Train + DeepSpeed run, MLflow on SQLite read back through the client."""
+transfer, a 2-worker Ray Train + DeepSpeed run, MLflow on SQLite read back through the client. The
+run is the session's shared one (`hpt_run_study` in conftest.py; test_console.py reads its console)."""
 
 import json
-import subprocess
-import sys
 
 import mlflow
 import pytest
 import yaml
 
-from conftest import tiny_spec_dict
+from conftest import E2E_STEPS
 
 pytestmark = pytest.mark.slow
 
 
-def test_hpt_run_end_to_end(tmp_path):
-    spec = tiny_spec_dict(
-        name="e2e",
-        model={"family": "llama", "head_dim": 16, "seq_len": 16, "depth": 1},
-        sweep={"widths": [16, 32], "grid": {"lr": [0.003, 0.03, 0.3]}},
-        target={"width": 64, "steps": 4, "batch_size": 8},
-    )
-    path = tmp_path / "e2e.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    study = tmp_path / "study"
-    r = subprocess.run(
-        [sys.executable, "-m", "hptransfer", "run", str(path), "--study-dir", str(study)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+def test_hpt_run_end_to_end(hpt_run_study):
+    study = hpt_run_study["dir"]
     for name in (
         "spec.yaml",
         "coord_check.png",
@@ -44,17 +28,17 @@ def test_hpt_run_end_to_end(tmp_path):
         "report/index.html",
     ):
         assert (study / name).exists(), name
-    assert str(study / "transfer_plan.yaml") in r.stdout.replace("\n", "")
+    assert str(study / "transfer_plan.yaml") in hpt_run_study["stdout"].replace("\n", "")
 
     plan = yaml.safe_load((study / "transfer_plan.yaml").read_text())
-    assert plan["target"]["width"] == 64 and plan["rule"] == "mup"
+    assert plan["target"]["width"] == 64 and plan["target"]["steps"] == E2E_STEPS and plan["rule"] == "mup"
     assert {int(w) for w in plan["diagnostics"]["optimum_by_width"]} == {16, 32}
     lr = plan["hyperparameters"]["lr"]
     assert 0.003 <= lr <= 0.3
 
     metrics = json.loads((study / "train/train_metrics.json").read_text())
-    assert metrics["final"]["status"] == "ok" and metrics["final"]["step"] == 4
-    assert len(metrics["history"]) == 4
+    assert metrics["final"]["status"] == "ok" and metrics["final"]["step"] == E2E_STEPS
+    assert len(metrics["history"]) == E2E_STEPS
     assert metrics["deepspeed_config"]["train_micro_batch_size_per_gpu"] == 4  # 8 sequences over 2 ranks
     # the final DeepSpeed checkpoint, persisted by Ray Train: model states plus one optimizer shard per rank
     ckpts = [p.name for p in (study / "train/ray_results/train").glob("checkpoint_*/state/*")]
@@ -67,4 +51,4 @@ def test_hpt_run_end_to_end(tmp_path):
     train = runs[runs["tags.hpt.kind"] == "train"].iloc[0]
     assert float(train["params.hp.lr"]) == pytest.approx(lr)
     hist = mlflow.MlflowClient().get_metric_history(train.run_id, "train_loss")
-    assert [m.step for m in hist] == [1, 2, 3, 4]  # rank 0 logs once per step; other ranks don't
+    assert [m.step for m in hist] == list(range(1, E2E_STEPS + 1))  # rank 0 logs once per step; other ranks don't

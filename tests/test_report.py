@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -165,7 +164,6 @@ def test_cli_writes_the_report_and_rejects_a_non_study(tmp_path):
     assert r.exit_code == 2 and "spec.yaml" in text and "nowhere" in text and "Traceback" not in text, text
 
 
-@pytest.mark.slow
 def test_report_is_logged_to_the_sweep_parent_run(tmp_path):
     from mlflow import MlflowClient
 

@@ -93,7 +93,6 @@ def test_partial_study_spec_and_results_only(tmp_path):
     assert "6 trials: 5 ok, 1 diverged" in text and "plan         not run" in text
 
 
-@pytest.mark.slow  # MLflow's SQLite store: a few seconds to create
 def test_finished_study_lists_artifacts_metrics_and_mlflow_runs(tmp_path):
     root = tmp_path / "s"
     p = spec_and_results(root)

@@ -268,6 +268,7 @@ def _study_dir(tmp_path, **over) -> Path:
     return d
 
 
+@pytest.mark.slow  # two `hpt` processes: ~7 s on 2 cores
 def test_transfer_before_a_sweep(tmp_path):
     d = _study_dir(tmp_path)
     _refused(_hpt("transfer", "--study-dir", d), "no sweep has finished", "hpt sweep")
@@ -310,6 +311,7 @@ def test_resume_with_a_plan_for_another_model(tmp_path):
     _refused(_hpt("train", path, "--resume"), "cannot resume", "target.width: checkpoint has 128, plan has 64")
 
 
+@pytest.mark.slow  # five `hpt` processes: ~15 s on 2 cores
 def test_bad_plan_and_bad_spec_name_every_problem(tmp_path):
     bad = tmp_path / "plan.yaml"
     bad.write_text(yaml.safe_dump({"study": "x", "rule": "mup", "hyperparamters": {"lr": 0.1}}))
@@ -331,7 +333,7 @@ def test_run_when_every_trial_diverges(tmp_path):
 
 
 @pytest.mark.slow
-def test_python_api_every_stage_logs_to_the_resolved_store(tmp_path, monkeypatch):
+def test_python_api_every_stage_logs_to_the_resolved_store(ray_local, tmp_path, monkeypatch):
     import mlflow
 
     store = f"sqlite:///{tmp_path / 'env.db'}"
