@@ -78,4 +78,6 @@ def test_digits_dp_sweep_is_still_reachable(ray_local, tmp_path):
         Study.from_spec(spec, tmp_path, tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}"), task="digits", pretrain_width=16
     )
     assert len(df) == 1 and (df.status == "ok").all() and (df.epsilon_spent <= 8.0).all()
-    assert df.test_accuracy.iloc[0] > 0.2  # chance on 5 classes
+    # Chance on 5 classes is 0.2 and the commonest test class 0.25, so `> 0.2` passed nearly anything:
+    # a DP fine-tune that works gets 0.72–0.77 (seeds 0–2); one at a tenth of the LR stops at 0.46.
+    assert df.test_accuracy.iloc[0] > 0.6, df.test_accuracy.iloc[0]

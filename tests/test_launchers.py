@@ -4,6 +4,7 @@ this machine (`ray start` head with dashboard + `ray start` worker), through the
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shlex
@@ -49,12 +50,34 @@ def run_launcher(
 # ---------------------------------------------------------------- fast: no cluster
 
 
-def test_local_launcher_runs_hpt_run() -> None:
+def test_local_launcher_dry_run_prints_the_hpt_run_it_would_make() -> None:
     r = run_launcher("local.py", str(SPEC.relative_to(REPO)), "--dry-run")
     assert r.returncode == 0, r.stderr
     argv = shlex.split(r.stderr.strip().splitlines()[-1])
     assert argv == ["hpt", "run", "search_spaces/quickstart.yaml", "--study-dir", "studies/quickstart"]
     assert not command_problems(argv, "launchers/local.py"), command_problems(argv, "launchers/local.py")
+
+
+@pytest.mark.slow
+def test_local_launcher_runs_hpt_run(hpt_run_study: dict, tmp_path: Path) -> None:
+    """The launcher itself, no dry run, cheaply: on a copy of the session's finished study, the
+    `hpt run` it makes in its own process resumes every stage (the sweep keeps its trials, the large
+    run finds its last checkpoint) and writes the report again."""
+    study = shutil.copytree(hpt_run_study["dir"], tmp_path / "study")  # the shared study stays as it is
+    report, metrics = study / "report" / "index.html", study / "train" / "train_metrics.json"
+    report.unlink()
+    r = run_launcher("local.py", str(hpt_run_study["spec"]), "--study-dir", str(study), timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert "hpt " + shlex.join(["run", str(hpt_run_study["spec"]), "--study-dir", str(study)]) in r.stderr
+    assert "[sweep] 6/6 trials kept from the earlier run: nothing left to train" in r.stdout, r.stdout[-3000:]
+    assert "study done" in r.stdout and report.stat().st_size > 1000
+    # The large run was finished: resumed at its last step, with the same final losses, not trained again.
+    before = json.loads((hpt_run_study["dir"] / "train" / "train_metrics.json").read_text())["final"]
+    after = json.loads(metrics.read_text())["final"]
+    assert after["resumed_from_step"] == before["step"] == after["step"], (before, after)
+    assert {k: after[k] for k in ("train_loss", "val_loss", "status")} == {
+        k: before[k] for k in ("train_loss", "val_loss", "status")
+    }
 
 
 def test_kubernetes_launcher_without_a_cluster_writes_a_valid_rayjob(tmp_path: Path) -> None:
