@@ -71,6 +71,7 @@ def test_all_errors_reported_at_once():
     assert {"sweep.grid", "sweep.widths", "train.zero_stage", "model.colour"} <= paths
 
 
+@pytest.mark.slow  # three `hpt` processes: 5–6 s on 2 cores
 def test_validate_cli_reports_and_exits_nonzero(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(tiny_spec_dict(sweep={"widths": [64, 32], "grid": {"lr": []}})))
