@@ -195,7 +195,7 @@ def test_changing_a_tunable_changes_the_large_run(ray_local, tmp_path):
 
         from hptransfer.data import load_corpus
         from hptransfer.plan import TransferPlan
-        from hptransfer.train.loop import build_engine, train_step
+        from hptransfer.train.plain import build_engine, train_step
 
         for name, plan_dict in config["plans"].items():
             plan = TransferPlan.model_validate(plan_dict)
