@@ -75,10 +75,6 @@ class LadderSearcher(Searcher):
         self.live: dict[str, dict] = {}  # Tune trial id -> the point it runs
         self.done: set[str] = set()  # point keys completed (a replayed completion is counted once)
 
-    def planned_total(self) -> int:
-        """Trials the ladder runs when every width has an ok grid point (for progress lines)."""
-        return sum(self.grid_left.values()) + len(self.done) + len(self.grid_left) * len(self.replicate_seeds)
-
     # --- Tune's Searcher interface -----------------------------------------------------------
 
     def suggest(self, trial_id: str) -> dict | str | None:
