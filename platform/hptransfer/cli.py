@@ -278,12 +278,14 @@ def status(
 # --- sub-commands owned by other modules ---
 from hptransfer.deploy import cli as deploy_cli
 from hptransfer.dp import cli as dp_cli
+from hptransfer.handoff import cli as handoff_cli
 from hptransfer.report import cli as report_cli
 from hptransfer.transfer import cli as transfer_cli
 
 app.command("dp-plan")(dp_cli.dp_plan)
 app.command("transfer")(transfer_cli.transfer)
 app.command("export")(transfer_cli.export)
+app.command("handoff")(handoff_cli.handoff)
 app.add_typer(deploy_cli.app, name="k8s")
 app.command("report")(report_cli.report)
 from hptransfer.data import cli as data_cli

@@ -123,15 +123,22 @@ def save_handoff(
     width: int,
     base_width: int,
     plan_dict: dict[str, Any] | None = None,
+    folded: Any = None,
 ) -> Path | None:
     """Write `out_dir` so that plain `AutoModelForCausalLM.from_pretrained(out_dir)` gives `model`'s
     logits, and `load_handoff(out_dir)` gives back the µP model. The live model is not changed.
+
+    `folded`: `model` is already the plain, folded form (`hptransfer.handoff.fold.Folded`, as the large
+    run trains it): its weights are saved as they are, with the fold's record so `load_handoff` can
+    restore the µP form (base shapes from a µP twin built on the meta device).
 
     Models without `save_pretrained` (the `mlp` family's ByteMLP) have no Hugging Face form:
     nothing is written and None is returned."""
     if not hasattr(model, "save_pretrained"):
         return None
     out = Path(out_dir)
+    if folded is not None:
+        return _save_folded(model, out, folded, spec_model=spec_model, width=width, base_width=base_width, plan_dict=plan_dict)
     head = model.get_output_embeddings()
     kind, output_mult, width_mult = readout_scale(head)
     if kind == "MuReadout" and abs(width_mult - width / base_width) > 1e-9 * width_mult:
@@ -164,36 +171,96 @@ def save_handoff(
         model.save_pretrained(str(out), state_dict=state)
     finally:
         model.config.tie_word_embeddings = tie_before
+    readout = {
+        "kind": kind,
+        "output_mult": output_mult,
+        "width_mult": width_mult,
+        "folded_scale": scale,
+        "bias": head.bias is not None,
+        "tied": tied,
+        "untied_on_save": untie,
+    }
+    _write_meta(out, model, readout, attn, spec_model=spec_model, width=width, base_width=base_width, plan_dict=plan_dict)
+    return out
+
+
+def _write_meta(
+    out: Path,
+    mup_shapes: Any,
+    readout: dict[str, Any],
+    attn: dict[str, float],
+    *,
+    spec_model: ModelSpec,
+    width: int,
+    base_width: int,
+    plan_dict: dict[str, Any] | None,
+) -> None:
+    """The files beside the weights: µP base shapes (`mup_shapes`: a µP model, or its parameters'
+    `infshape`s by name), the plan, and
+    `hptransfer_handoff.json` (what was folded, so `load_handoff` can undo it)."""
     bsh = out / BASE_SHAPES_FILE
     bsh.unlink(missing_ok=True)
-    if kind == "MuReadout":
+    if readout["kind"] == "MuReadout":
         from mup.shape import save_base_shapes
 
-        save_base_shapes(model, str(bsh))  # the live model's base shapes, keyed by parameter name
+        save_base_shapes(mup_shapes, str(bsh))  # the µP model's base shapes, keyed by parameter name
     if plan_dict is not None:
         write_yaml(out / PLAN_FILE, plan_dict)
     write_json(
         out / HANDOFF_FILE,
         {
             "version": HANDOFF_VERSION,
-            "note": "lm_head.weight holds folded_scale × the trained readout weight: plain transformers gives the run's "
+            "note": "lm_head.weight holds folded_scale × the µP readout weight: plain transformers gives the run's "
             "logits. hptransfer.models.handoff.load_handoff(dir) restores the µP readout for further training.",
             "model": spec_model.model_dump(mode="json"),
             "width": width,
             "base_width": base_width,
-            "readout": {
-                "kind": kind,
-                "output_mult": output_mult,
-                "width_mult": width_mult,
-                "folded_scale": scale,
-                "bias": head.bias is not None,
-                "tied": tied,
-                "untied_on_save": untie,
-            },
+            "readout": readout,
             "attn_scale_folded": attn,  # attention module → scaling / default, folded into its queries
-            "base_shapes": BASE_SHAPES_FILE if kind == "MuReadout" else None,
+            "base_shapes": BASE_SHAPES_FILE if readout["kind"] == "MuReadout" else None,
             "plan": PLAN_FILE if plan_dict is not None else None,
         },
+    )
+
+
+def _save_folded(
+    model: nn.Module,
+    out: Path,
+    folded: Any,
+    *,
+    spec_model: ModelSpec,
+    width: int,
+    base_width: int,
+    plan_dict: dict[str, Any] | None,
+) -> Path:
+    """A model trained in the folded form: saved as it is (nothing to fold), with the fold's record."""
+    model.save_pretrained(str(out))
+    readout = dict(folded.readout)
+    shapes = None
+    if readout["kind"] == "MuReadout":
+        from mup.shape import get_infshapes
+
+        from hptransfer.models import build_model
+
+        with torch.device("meta"):  # only the base shapes are read
+            twin = build_model(spec_model, width, base_width=base_width)
+        shapes = get_infshapes(twin)
+        if readout["untied_on_save"]:  # untied at step 0: the readout is its own parameter, shaped as the embedding
+            head = twin.get_output_embeddings()
+            head_name = next(n for n, m in twin.named_modules() if m is head)
+            embed_name = next(n for n, p in twin.named_parameters() if p is head.weight)
+            shapes[f"{head_name}.weight"] = shapes[embed_name]
+    if readout["untied_on_save"]:
+        readout.update(tied=False, untied_on_save=False, untied_at_step0=True)  # trained untied: restore an untied MuReadout
+    _write_meta(
+        out,
+        shapes,
+        readout,
+        dict(folded.attn_scale_folded),
+        spec_model=spec_model,
+        width=width,
+        base_width=base_width,
+        plan_dict=plan_dict,
     )
     return out
 

@@ -1,0 +1,228 @@
+"""`hpt handoff`: a trainer that knows nothing of µP reproduces hptransfer's training from the folder.
+
+The consumer (tests/consumer/train_from_handoff.py) runs in a fresh process that never imports
+hptransfer: plain `from_pretrained`, `torch.optim.AdamW` from optimizer.json, transformers' own
+cosine schedule, the conformance batches. It must match losses.json within 1e-4 at every step, for
+µP Llama, µP GPT-2 (tied embeddings: saved untied), a µP Qwen2 with GQA, attention scale 1/d and
+gradient clipping, an SP plan with all groups 1, and sp-warmup's multiplicative warmup; and the same
+loop with every multiplier forced to 1 must not match (so the test can fail).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from hptransfer.errors import PlanError
+from hptransfer.handoff.fold import fold_plan_target
+from hptransfer.handoff.write import write_handoff
+from hptransfer.plan import TransferPlan
+
+ROOT = Path(__file__).resolve().parents[1]
+CONSUMER = ROOT / "tests" / "consumer" / "train_from_handoff.py"
+BASE = yaml.safe_load((ROOT / "tests/data/old_plans/hpt_run_console.yaml").read_text())
+LLAMA = {"family": "llama", "depth": 2, "head_dim": 8, "seq_len": 16, "parametrization": "mup"}
+GPT2 = {
+    "family": "hf",
+    "config": {"model_type": "gpt2", "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+    "depth": 2,
+    "head_dim": 8,
+    "seq_len": 16,
+    "parametrization": "mup",
+}
+
+
+def make_plan(model: dict, rule: str = "mup", schedule: dict | None = None, **hps) -> TransferPlan:
+    d = {k: v for k, v in BASE.items() if k not in ("diagnostics", "param_group_multipliers", "heuristics", "baselines")}
+    d.update(rule=rule, model=model, base_width=16, schedule=schedule or {"kind": "none"})
+    d["target"] = {"width": 64, "steps": 10, "batch_size": 8, "seq_len": 16}
+    d["hyperparameters"] = {"lr": 0.02, "warmup_steps": 2.0, "output_mult": 2.0, "weight_decay": 0.1, **hps}
+    return TransferPlan.model_validate(d)
+
+
+PLANS = {
+    "mup-llama": make_plan(LLAMA),
+    "mup-gpt2-tied": make_plan(GPT2),
+    "mup-qwen2-gqa-attn-1/d-clip": make_plan(
+        {
+            "family": "hf",
+            "config": {"model_type": "qwen2", "num_attention_heads": 2, "num_key_value_heads": 1},
+            "depth": 2,
+            "n_heads": 2,
+            "attn_scale": "1/d",
+            "seq_len": 16,
+            "parametrization": "mup",
+        },
+        grad_clip=0.5,
+    ),
+    "sp": make_plan({**LLAMA, "parametrization": "sp"}, rule="power-law", output_mult=1.0),
+    "sp-warmup": make_plan(
+        {**LLAMA, "parametrization": "sp"}, rule="sp-warmup", schedule={"kind": "sp-warmup", "m": 4.0, "timescale": 3.0}
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def handoffs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("handoffs")
+    written = {name: write_handoff(plan, root / re.sub(r"\W", "_", name), trainers=False) for name, plan in PLANS.items()}
+    out = subprocess.run(
+        [sys.executable, "-I", str(CONSUMER), *(str(r.out) for r in written.values())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    runs = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return {name: (res, run) for (name, res), run in zip(written.items(), runs)}
+
+
+def _rel(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(PLANS))
+def test_a_trainer_without_hptransfer_reproduces_the_losses(handoffs, name):
+    res, run = handoffs[name]
+    want = json.loads((res.out / "conformance" / "losses.json").read_text())["train_loss"]
+    assert len(want) == len(run["losses"]) == 10
+    assert want[-1] < want[0] - 0.3  # it trains: a match of flat curves would prove nothing
+    assert _rel(run["losses"], want) < 1e-4, (run["losses"], want)
+    if name != "sp":  # every other plan has a multiplier ≠ 1: dropping them must show
+        assert _rel(run["mults_forced_to_1"], want) > 1e-3
+
+
+@pytest.mark.slow
+def test_the_folder_is_complete_and_described(handoffs):
+    res, _ = handoffs["mup-gpt2-tied"]
+    o = json.loads((res.out / "optimizer.json").read_text())
+    assert set(o) >= {"lr", "betas", "eps", "weight_decay", "grad_clip", "param_groups", "schedule"}
+    assert o["schedule"] == {"warmup_steps": 2, "total_steps": 10, "min_lr_rate": 0.1, "sp_warmup": None}
+    batches = torch.load(res.out / "conformance" / "batches.pt")
+    assert batches.dtype == torch.int64 and tuple(batches.shape) == (10, 8, 17)
+    cfg = json.loads((res.out / "model" / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is False  # tied µP readout: saved untied, and the notes say so
+    assert any("untied" in n for n in o["notes"]) and "untied" in (res.out / "README.md").read_text()
+    assert "sp_warmup" in json.dumps(json.loads((handoffs["sp-warmup"][0].out / "optimizer.json").read_text())["schedule"])
+
+
+def _groups(plan: TransferPlan) -> dict[str, tuple[float, float, float]]:
+    folded, _ = fold_plan_target(plan)
+    return folded.mults
+
+
+def test_mup_groups_follow_the_derivation():
+    """Width 64 over base 16: m = 4. Hidden matrices lr/m, wd·m (MuAdamW, independent) or wd (standard);
+    the readout's forward multiplier α = output_mult/m = 1/2 becomes lr ×α, wd ×1/α, ε ×1/α."""
+    m = _groups(make_plan(LLAMA))
+    assert m["model.layers.1.mlp.up_proj.weight"] == pytest.approx((0.25, 4.0, 1.0))
+    assert m["model.embed_tokens.weight"] == pytest.approx((1.0, 1.0, 1.0))
+    assert m["model.norm.weight"] == pytest.approx((1.0, 0.0, 1.0))
+    assert m["lm_head.weight"] == pytest.approx((0.5, 2.0, 2.0))
+    std = _groups(make_plan(LLAMA, rule="mup-standard-wd"))
+    assert std["model.layers.1.mlp.up_proj.weight"] == pytest.approx((0.25, 1.0, 1.0))
+    sp = _groups(make_plan({**LLAMA, "parametrization": "sp"}, rule="power-law", output_mult=3.0))
+    assert sp["model.layers.0.self_attn.q_proj.weight"] == pytest.approx((1.0, 1.0, 1.0))
+    assert sp["lm_head.weight"] == pytest.approx((3.0, 1 / 3, 1 / 3))
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model_type": "mistral", "num_attention_heads": 4, "num_key_value_heads": 2},
+        {"model_type": "gpt_neox", "hidden_dropout": 0.0, "attention_dropout": 0.0},
+    ],
+)
+def test_every_family_folds_to_a_plain_model_with_the_same_logits(config):
+    from hptransfer.models import build_model, lm_logits
+
+    model = {"family": "hf", "config": config, "depth": 2, "head_dim": 8, "seq_len": 16, "parametrization": "mup"}
+    plan = make_plan(model)
+    folded, spec = fold_plan_target(plan)
+    mup_model = build_model(plan.model, 64, base_width=16, hps=plan.hps, seed=plan.seed)
+    with torch.no_grad():  # the zero readout makes step-0 logits 0: give it weights to compare
+        w = torch.randn_like(mup_model.lm_head.weight)
+        mup_model.lm_head.weight.copy_(w)
+        folded.model.lm_head.weight.copy_(w * folded.readout["folded_scale"])
+    x = torch.randint(0, 256, (2, 16))
+    torch.testing.assert_close(lm_logits(folded.model.eval(), x), lm_logits(mup_model.eval(), x), rtol=1e-5, atol=1e-5)
+    assert spec.group_of(n for n, _ in folded.model.named_parameters())  # every parameter has a group
+
+
+def test_fused_qkv_with_attention_scale_is_refused_with_the_fix(tmp_path):
+    model = {
+        "family": "hf",
+        "config": {"model_type": "gpt2", "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
+        "depth": 1,
+        "n_heads": 2,
+        "attn_scale": "1/d",
+        "seq_len": 16,
+        "parametrization": "mup",
+    }
+    with pytest.raises(PlanError, match="fused QKV.*q_proj"):
+        write_handoff(make_plan(model), tmp_path / "h")
+    assert not (tmp_path / "h").exists()
+
+
+def test_bad_requests_are_refused_all_at_once(tmp_path):
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "x").write_text("keep me")
+    with pytest.raises(PlanError) as e:
+        write_handoff(make_plan({**LLAMA, "family": "mlp"}), tmp_path / "h", steps=0)
+    text = str(e.value)
+    assert "model.family" in text and "--steps" in text and "--force" in text
+    assert (tmp_path / "h" / "x").read_text() == "keep me"
+
+
+QWEN2_ATTN = {
+    "family": "hf",
+    "config": {"model_type": "qwen2", "num_attention_heads": 2, "num_key_value_heads": 1},
+    "depth": 2,
+    "n_heads": 2,
+    "attn_scale": "1/d",
+    "seq_len": 16,
+    "parametrization": "mup",
+}
+
+
+@pytest.mark.parametrize("model", [LLAMA, QWEN2_ATTN], ids=["llama", "qwen2-attn-1/d"])
+def test_the_folded_model_trains_as_the_mup_model(model):
+    """The derivation in handoff/fold.py: the plain model with the groups follows the µP model
+    (MuReadout, µP attention scale, MuAdamW) step for step; with the multipliers dropped it does not."""
+    from hptransfer.data import load_corpus
+    from hptransfer.handoff.groups import build_adamw
+    from hptransfer.models import build_model, build_optimizer, lm_logits
+    from hptransfer.models.build import lm_loss
+
+    plan = make_plan(model)
+    folded, spec = fold_plan_target(plan)
+    mup_model = build_model(plan.model, 64, base_width=16, hps=plan.hps, seed=plan.seed)
+    ones = spec.model_copy(
+        update={"param_groups": [g.model_copy(update={"lr_mult": 1.0, "eps_mult": 1.0}) for g in spec.param_groups]}
+    )
+    import copy
+
+    runs = [(mup_model, build_optimizer(mup_model, "mup", plan.hps))]
+    for s in (spec, ones):
+        m = copy.deepcopy(folded.model)
+        runs.append((m, build_adamw(m, s)))
+    corpus = load_corpus(0.1, 20)
+    losses = [[], [], []]
+    for step in range(6):
+        x, y = corpus.batch("train", step, 8, 16)
+        for (m, opt), out in zip(runs, losses):
+            loss = lm_loss(lm_logits(m, x), y)
+            out.append(loss.item())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    assert _rel(losses[1], losses[0]) < 1e-4, losses
+    assert _rel(losses[2], losses[0]) > 1e-3
