@@ -43,8 +43,9 @@ def caveats(plan: TransferPlan) -> list[str]:
     mults = plan.param_group_multipliers
     if any(abs(v - 1.0) > 1e-12 for g in mults.values() for v in g.values()):
         out.append(
-            "per-parameter-group multipliers (µP) must be applied by the trainer: build the model with "
-            f"`mup` and use MuAdamW, or set per-group lr/weight_decay yourself: {json.dumps(mults)}"
+            "per-parameter-group multipliers (µP) must be applied by the trainer: `hpt handoff PLAN --out DIR` writes "
+            "the step-0 model with µP folded in and optimizer.json with per-parameter lr/weight_decay/eps groups any "
+            f"trainer can apply (or build the model with `mup` and use MuAdamW): {json.dumps(mults)}"
         )
     if plan.schedule and plan.schedule.get("kind") == "sp-warmup" and plan.schedule.get("m", 1) > 1:
         s = plan.schedule
