@@ -227,5 +227,11 @@ class Study(StudyContext):
     def dp_sweep(self, **options: Any) -> pd.DataFrame:
         return dp_sweep_stage(self, **options)
 
+    def handoff(self, out: str | Path | None = None, **options: Any):
+        """`hpt handoff` of the study's plan into `out` (default: <study>/handoff); a HandoffResult."""
+        from hptransfer.handoff.write import write_handoff
+
+        return write_handoff(self.paths.plan, out if out is not None else self.root / "handoff", **options)
+
     def run(self, **kw: Any) -> dict:
         return run_study(self, **kw)
