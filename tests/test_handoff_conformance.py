@@ -226,3 +226,22 @@ def test_the_folded_model_trains_as_the_mup_model(model):
             opt.step()
     assert _rel(losses[1], losses[0]) < 1e-4, losses
     assert _rel(losses[2], losses[0]) > 1e-3
+
+
+def test_cli_writes_the_folder_from_a_study_folder_and_exits_2_on_bad_input(tmp_path):
+    from typer.testing import CliRunner
+
+    from hptransfer.cli import app
+    from hptransfer.plan import save_plan
+
+    study = tmp_path / "study"
+    save_plan(
+        make_plan(LLAMA).model_copy(update={"target": make_plan(LLAMA).target.model_copy(update={"width": 32})}),
+        study / "transfer_plan.yaml",
+    )
+    r = CliRunner().invoke(app, ["handoff", str(study), "--out", str(tmp_path / "h"), "--steps", "3", "--no-trainers"])
+    assert r.exit_code == 0, r.output
+    assert "hand-off written" in r.output and "3 conformance steps" in r.output
+    assert len(json.loads((tmp_path / "h" / "conformance" / "losses.json").read_text())["train_loss"]) == 3
+    r = CliRunner().invoke(app, ["handoff", str(study), "--out", str(tmp_path / "h"), "--batch-size", "99"])
+    assert r.exit_code == 2 and "--batch-size" in r.output and "--force" in r.output
