@@ -104,4 +104,6 @@ def test_a_misspelt_key_lists_the_keys_allowed_there():
     raw["diagnostics"]["drift_verdict"]["verdcit"] = "none"
     with pytest.raises(PlanError) as e:
         parse_plan(raw)
-    assert "diagnostics.drift_verdict.verdcit: unknown key (typo?); allowed here: n_widths, reason, slope" in str(e.value)
+    assert "diagnostics.drift_verdict.verdcit: unknown key (typo?); allowed here: n_bounds, n_widths, reason, slope" in str(
+        e.value
+    )

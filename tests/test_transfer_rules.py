@@ -209,12 +209,17 @@ def _ev_noisy(optima, se=0.05, censored=None):
     )
 
 
-def test_power_law_leaves_censored_widths_out_of_the_fit():
+def test_power_law_takes_censored_widths_as_bounds():
     optima = {w: 4e-3 * (w / 32) ** -0.5 for w in WIDTHS}
-    optima[256] = 1e-1  # capped at a far-off value by divergence: a bound, not a point
+    # Capped by divergence at half the trend: "ν* ≥ this" holds by many se, so it moves nothing.
+    optima[256] = 0.5 * optima[256]
     res = RULES["power-law"](_ev_noisy(optima, censored={256: "lower"}), target(1024))
     assert res.hyperparameters["lr"] == pytest.approx(4e-3 * (1024 / 32) ** -0.5, rel=1e-6)
-    assert any("censored widths [256] left out" in n for n in res.notes)
+    assert any("censored widths [256] as bounds" in n for n in res.notes)
+    # The same bound where the trend crosses it ("ν* ≥ 2× the trend") pulls the fit up.
+    optima[256] = 4 * optima[256]
+    pulled = RULES["power-law"](_ev_noisy(optima, censored={256: "lower"}), target(1024))
+    assert pulled.hyperparameters["lr"] > 1.2 * res.hyperparameters["lr"]
 
 
 def test_power_law_extrapolates_only_a_significant_slope():

@@ -119,7 +119,7 @@ class DriftVerdict(_Section):
     verdict: Literal["none", "drift", "undecided"] = "undecided"
     """`none`: the slope's interval lies inside ±tolerance; `drift`: it excludes 0; else undecided."""
     slope: float | None = None
-    """Slope of x* = log ν* against log width (weighted log-linear fit, uncensored optima)."""
+    """Slope of x* = log ν* against log width (weighted log-linear fit, censored optima as bounds)."""
     slope_se: float | None = None
     """Its standard error."""
     slope_ci: Interval | None = None
@@ -128,12 +128,14 @@ class DriftVerdict(_Section):
     """A slope inside ±tolerance is no drift worth a law."""
     n_widths: int = 0
     """Widths with an uncensored optimum."""
+    n_bounds: int | None = None
+    """Widths whose optimum entered the slope as a bound (censored likelihood; null in older plans)."""
     reason: str | None = None
     """The verdict in words."""
 
 
 class OptimumTrend(_Section):
-    """A tuned hyperparameter's log-linear trend over the uncensored widths."""
+    """A tuned hyperparameter's log-linear trend over the widths, censored optima as bounds."""
 
     slope: float | None = None
     """d log ν*/d log n (dν*/d log n when linear-scale); 0 means width-invariant."""
@@ -143,6 +145,8 @@ class OptimumTrend(_Section):
     """The hyperparameter is fitted on a log scale."""
     widths: list[int] = Field(default_factory=list)
     """The widths fitted."""
+    bounds: list[int] = Field(default_factory=list)
+    """Of them, the widths whose optimum entered as a bound (grid edge or capped by divergence)."""
 
 
 class MixtureWeights(_Section):

@@ -10,7 +10,7 @@ check after the large run). Formulas and assumptions: docs/RESEARCH.md. Pure: nu
 from __future__ import annotations
 
 from hptransfer.plan_diagnostics import Diagnostics
-from hptransfer.transfer.fitting import fit_drift, fit_log_linear, fit_loss_vs_width, x_of
+from hptransfer.transfer.fitting import fit_drift, fit_loss_vs_width, trend_of, x_of
 from hptransfer.transfer.optimum import OptimumFit
 from hptransfer.transfer.penalty import curvature_fit, penalty_at_target
 from hptransfer.transfer.target_check import target_loss_interval
@@ -92,10 +92,10 @@ def diagnose(
 
     trend = {}
     for h in tuned:
-        ok = [w for w in widths if fits[w][h].censored is None]
-        if len(ok) >= 2:
-            f = fit_log_linear(ok, [x_of(fits[w][h], h in log_scale) for w in ok], [fits[w][h].log_se for w in ok])
-            trend[h] = {"slope": f.b, "slope_se": f.b_se, "log_scale": h in log_scale, "widths": ok}
+        f = trend_of({w: fits[w][h] for w in widths}, h in log_scale)  # censored optima as bounds
+        if f is not None:
+            bounds = [w for w in widths if fits[w][h].censored]
+            trend[h] = {"slope": f.b, "slope_se": f.b_se, "log_scale": h in log_scale, "widths": widths, "bounds": bounds}
     out["optimum_trend"] = trend  # d log ν* / d log n (or dν*/d log n): 0 means width-invariant
 
     xs = {w: x_of(fits[w][hp], hp_log) for w in widths}
@@ -104,7 +104,7 @@ def diagnose(
     if drift is not None and not hp_log and "value_at_infinity" in drift:
         drift["value_at_infinity"] = drift["x_inf"]  # fitted on ν itself, not log ν
     out["drift_fit"] = drift
-    verdict = drift_verdict(usable, [xs[w] for w in usable], [ses[w] for w in usable])
+    verdict = drift_verdict(widths, [xs[w] for w in widths], [ses[w] for w in widths], [fits[w][hp].censored for w in widths])
     out["drift_verdict"] = verdict
 
     fast = fast_transfer_verdict(

@@ -39,6 +39,7 @@ class LogLinearFit:
     dof: int = 0  # residual degrees of freedom (n − 2)
     scale: float = 1.0  # factor on the covariance: the Birge ratio max(1, χ²/dof) with se given, else s²
     weighted: bool = False  # per-point errors were given (weights 1/se²)
+    n_censored: int = 0  # points that entered as bounds (fit_log_linear_censored)
 
     def predict(self, n: float) -> float:
         return self.a + self.b * math.log(n)
@@ -81,6 +82,102 @@ def fit_log_linear(widths, y, se=None) -> LogLinearFit:
         dof,
         scale,
         weighted,
+    )
+
+
+def fit_log_linear_censored(widths, y, se=None, censored=None) -> LogLinearFit:
+    """y = a + b·log n where some y are bounds: censored[i] = "upper" (yᵢ is at most y[i]: an
+    optimum on the grid's low edge), "lower" (at least y[i]: the high edge, or capped by divergence)
+    or None (a point). Maximum likelihood with Gaussian errors (a Tobit regression): a point adds
+    ½((y − µ)/s)², a bound −log Φ(±(y − µ)/s) — the probability that the optimum lies beyond it.
+
+    Why: dropping grid-edge optima threw away the widest widths exactly when the optimum drifts off
+    the grid, so a 1/width drift read "undecided" and `power-law` extrapolated from a shorter ladder.
+    A bound the line already satisfies by many s costs nothing; one it crosses pulls it back.
+    Each s is the point's se (optimum.py's bootstrap, floored at a quarter grid step; a bound's own
+    se is that floor: how sharply the edge is known). Without se for every point, s is the
+    scatter of the uncensored points about their own line (needs 3), else the bounds are left out.
+    The likelihood is log-concave in (a, b), so Newton's method from the points' own fit converges;
+    the covariance is the inverse observed information, scaled by the Birge ratio of the points
+    (as fit_log_linear). dof counts the uncensored points only. Without bounds: fit_log_linear."""
+    kinds = list(censored) if censored is not None else [None] * len(y)
+    if not any(kinds):
+        return fit_log_linear(widths, y, se)
+    n, y = np.asarray(widths, float), np.asarray(y, float)
+    pts = np.array([k is None for k in kinds])
+    if pts.sum() < 2:
+        raise ValueError(f"a censored trend needs at least 2 uncensored points, got {int(pts.sum())}")
+    weighted = se is not None and len(se) == len(n) and all(s is not None and s > 0 for s in se)
+    base = fit_log_linear(n[pts], y[pts], [se[i] for i in np.flatnonzero(pts)] if weighted else None)
+    if weighted:
+        s = np.asarray(se, float)
+    elif pts.sum() >= 3 and base.scale > 0:
+        s = np.full(len(n), math.sqrt(base.scale))
+    else:
+        return base  # no scale to weigh a bound against
+    from scipy.special import log_ndtr
+
+    X = np.column_stack([np.ones_like(n), np.log(n)])
+    # sign: +1 where the truth is above y (lower bound), −1 below (upper bound); 0 for points.
+    sign = np.array([0.0 if k is None else (1.0 if k == "lower" else -1.0) for k in kinds])
+
+    def terms(theta):
+        mu = X @ theta
+        r = (mu - y) / s
+        z = sign * r  # a bound is satisfied when z > 0
+        logphi = -0.5 * z**2 - 0.5 * math.log(2 * math.pi)
+        logcdf = log_ndtr(z)
+        lam = np.exp(logphi - logcdf)  # φ(z)/Φ(z), the inverse Mills ratio
+        nll = np.where(pts, 0.5 * r**2, -logcdf).sum()
+        d1 = np.where(pts, r / s, -sign * lam / s)  # d nll / d µ
+        d2 = np.where(pts, 1 / s**2, lam * (z + lam) / s**2)  # > 0: convex
+        return float(nll), d1, d2
+
+    theta = np.array([base.a, base.b])
+    nll, d1, d2 = terms(theta)
+    for _ in range(100):
+        g, H = X.T @ d1, (X * d2[:, None]).T @ X
+        step = np.linalg.solve(H, g)
+        t = 1.0
+        while t > 1e-8:
+            cand = theta - t * step
+            c_nll, c1, c2 = terms(cand)
+            if c_nll <= nll + 1e-12:
+                break
+            t /= 2
+        done = abs(nll - c_nll) < 1e-12 and np.abs(t * step).max() < 1e-10
+        theta, nll, d1, d2 = cand, c_nll, c1, c2
+        if done:
+            break
+    H = (X * d2[:, None]).T @ X
+    resid = (y - X @ theta)[pts]
+    dof = int(pts.sum()) - 2
+    scale = 1.0
+    if weighted and dof > 0:
+        scale = max(1.0, float(((resid / s[pts]) ** 2).sum() / dof))
+    cov = scale * np.linalg.inv(H)
+    return LogLinearFit(
+        float(theta[0]),
+        float(theta[1]),
+        float(math.sqrt(cov[1, 1])),
+        float(math.sqrt(cov[0, 0])),
+        float(cov[0, 1]),
+        len(n),
+        max(dof, 0),
+        scale,
+        weighted,
+        int((~pts).sum()),
+    )
+
+
+def trend_of(fits: dict[int, OptimumFit], log_scale: bool) -> LogLinearFit | None:
+    """The log-linear trend of one hyperparameter's optima over widths, censored ones as bounds
+    (fit_log_linear_censored). None with fewer than 2 uncensored widths."""
+    widths = sorted(fits)
+    if sum(fits[w].censored is None for w in widths) < 2:
+        return None
+    return fit_log_linear_censored(
+        widths, [x_of(fits[w], log_scale) for w in widths], [fits[w].log_se for w in widths], [fits[w].censored for w in widths]
     )
 
 

@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hptransfer.transfer.fitting import LEVEL, LogLinearFit, fit_log_linear, x_of
+from hptransfer.transfer.fitting import LEVEL, LogLinearFit, fit_log_linear, trend_of, x_of
 from hptransfer.transfer.optimum import OptimumFit
 
 
@@ -121,7 +121,8 @@ def penalty_at_target(
     predicted_penalty against it. x̂ by the drift verdict (drift_verdict's dict):
       "none"      → the weighted mean of the uncensored optima (the slope is immaterial: pooling is
                     the better estimator; error by the Birge ratio as in fit_log_linear);
-      "drift"     → the log-linear trend's value at the target with its prediction error;
+      "drift"     → the log-linear trend's value at the target with its prediction error (censored
+                    optima as bounds: fitting.fit_log_linear_censored);
       "undecided" → with ≥ 3 uncensored widths, both models averaged (no_drift_weight): pricing the
                     trend alone treated an 8× extrapolation of a slope indistinguishable from 0 as
                     the likely truth, and over-predicted 4–11× on width-invariant synthetic optima
@@ -133,7 +134,8 @@ def penalty_at_target(
     out = {"predicted_penalty": None, "predicted_penalty_interval": None, "predicted_penalty_basis": None}
     if len(usable) >= 3:
         f = fit_log_linear(usable, [x_of(fits[w][hp], log_scale) for w in usable], [fits[w][hp].log_se for w in usable])
-        t = f.predict(target_width)
+        fc = trend_of({w: fits[w][hp] for w in fits}, log_scale)  # the censored optima as bounds too
+        t = fc.predict(target_width)
         out["trend_value_at_target"] = math.exp(t) if log_scale else t
     if kfit is None or rule_value is None:
         return out
@@ -155,8 +157,10 @@ def penalty_at_target(
                 f"their log-linear trend at the target (weight {1 - w0:.2f})"
             )
     elif verdict_name == "drift" and len(usable) >= 3:
-        mixture = [(1.0, f.predict(target_width), f.predict_se(target_width))]
-        basis = f"log-linear trend over widths {usable} at the target (drift)"
+        mixture = [(1.0, fc.predict(target_width), fc.predict_se(target_width))]
+        basis = f"log-linear trend over widths {usable} at the target (drift)" + (
+            f", censored widths {sorted(set(fits) - set(usable))} as bounds" if fc.n_censored else ""
+        )
     else:
         mixture = [(1.0, x_of(widest, log_scale), widest.log_se or 0.0)]
         basis = f"widest width {max(fits)} alone ({len(usable)} uncensored widths)"

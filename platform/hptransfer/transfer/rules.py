@@ -19,7 +19,7 @@ from typing import Any
 
 from hptransfer.hyperparameters import DEFAULT_HPS, LOG_SCALE
 from hptransfer.spec import RULE_TRAINING, RuleTraining, WeightDecayScaling
-from hptransfer.transfer.fitting import fit_log_linear, interval_quantile
+from hptransfer.transfer.fitting import fit_log_linear_censored, interval_quantile
 from hptransfer.transfer.heuristics import adjust_for_batch_and_steps
 from hptransfer.transfer.schedule import default_timescale, steps_to_half
 
@@ -282,14 +282,15 @@ MAX_EXTRAPOLATION_FACTOR = 2.0
 
 @register("power-law")
 def power_law_rule(ev: Evidence, target: Target) -> RuleResult:
-    """Fit log ν*(n) = a + b·log n over the ladder's uncensored optima (weighted by their errors
+    """Fit log ν*(n) = a + b·log n over the ladder's optima (censored ones as bounds) (weighted by their errors
     when every width has one; optimum.py) and extrapolate to the target width. For when the optimum
     still drifts with width (a non-µP model, or µP with slow transfer: paper 2, arXiv 2512.22768,
     recommends extrapolating ν*(n) then). Only log-scale hyperparameters are extrapolated; others
     come from the source width. Assumption: the power law holds beyond the ladder.
 
     Guards (issue 12, item 7):
-    - censored optima (grid edge, capped by divergence) are bounds and are left out of the fit;
+    - censored optima (grid edge, capped by divergence) enter the fit as bounds (a censored
+      likelihood: fitting.fit_log_linear_censored), not as points;
     - extrapolate only with ≥ 3 uncensored widths and a significant slope, |b|/b_se > 2; otherwise
       the widest uncensored optimum is used as is (µP's choice) and the notes say why;
     - the extrapolation is bounded by its prediction interval x̂ ± q·se (q: fitting's
@@ -321,9 +322,12 @@ def power_law_rule(ev: Evidence, target: Target) -> RuleResult:
 
 
 def _extrapolate(ev: Evidence, hp: str, widths: list[int], target_width: int) -> tuple[float, str, str | None]:
-    """(value at the target, note, warning or None) for one log-scale hyperparameter (power_law_rule)."""
-    ok = [w for w in widths if not ev.censored.get(w, {}).get(hp)]
-    left_out = f"; censored widths {sorted(set(widths) - set(ok))} left out" if len(ok) < len(widths) else ""
+    """(value at the target, note, warning or None) for one log-scale hyperparameter (power_law_rule).
+    Censored optima enter as bounds (fitting.fit_log_linear_censored), once 3 widths are points."""
+    kinds = [ev.censored.get(w, {}).get(hp) for w in widths]
+    ok = [w for w, k in zip(widths, kinds) if not k]
+    bounds = sorted(set(widths) - set(ok))
+    as_bounds = f"; censored widths {bounds} as bounds" if bounds else ""
     if not ok:
         return (
             ev.optima[max(widths)][hp],
@@ -335,11 +339,13 @@ def _extrapolate(ev: Evidence, hp: str, widths: list[int], target_width: int) ->
         return (
             widest,
             f"{hp}: {len(ok)} uncensored widths, too few to fit a slope: widest uncensored optimum "
-            f"{widest:.4g} (width {max(ok)}) used{left_out}",
+            f"{widest:.4g} (width {max(ok)}) used" + (f"; censored widths {bounds} are bounds only" if bounds else ""),
             None,
         )
-    f = fit_log_linear(ok, [math.log(ev.optima[w][hp]) for w in ok], [ev.log_se.get(w, {}).get(hp) for w in ok])
-    fit_txt = f"log {hp}* = {f.a:.4g} {f.b:+.4g}(±{f.b_se:.2g})·log n over widths {ok}{left_out}"
+    f = fit_log_linear_censored(
+        widths, [math.log(ev.optima[w][hp]) for w in widths], [ev.log_se.get(w, {}).get(hp) for w in widths], kinds
+    )
+    fit_txt = f"log {hp}* = {f.a:.4g} {f.b:+.4g}(±{f.b_se:.2g})·log n over widths {ok}{as_bounds}"
     if not (f.b != 0 and (f.b_se == 0 or abs(f.b) / f.b_se > 2)):
         return (
             widest,

@@ -4,11 +4,14 @@ issue 12, item 3).
 
 Transfer is *fast* (a small-width search beats a direct search at equal compute) iff the transfer
 cost c_n = φ_∞(ν*(n)) − φ*_∞ = Θ(b_n²) is o(a_n), i.e. iff β > α/2 (paper 2, arXiv 2512.22768).
-Each verdict is decided only with MIN_WIDTHS uncensored optima (one residual degree of freedom for a
+Each verdict is decided only with MIN_WIDTHS widths (one residual degree of freedom for a
 3-parameter law) and only when the interval of its statistic excludes the boundary; otherwise it is
 "undecided" with the reason. Censored optima (grid edge, capped by divergence: optimum.py) are
-bounds and never enter a fit — a capped optimum repeated at every width has no spread at all, and
-weighting it by 1/se² once made any slope read as drift.
+bounds, never points: the drift slope takes them through a censored likelihood
+(fitting.fit_log_linear_censored) once MIN_POINTS widths are points — a capped optimum repeated at
+every width has no spread at all, and weighting it as a point by 1/se² once made any slope read as
+drift; leaving it out called a drift off the grid's edge "undecided". The fast-transfer test
+(paper 2's laws, 3 parameters each) is fitted on the uncensored widths only.
 Calibrated on synthetic sweeps drawn many times: tests/test_calibration.py. Pure: numpy only.
 """
 
@@ -16,42 +19,50 @@ from __future__ import annotations
 
 import numpy as np
 
-from hptransfer.transfer.fitting import LEVEL, fit_log_linear, interval_quantile, profile_power_batch
+from hptransfer.transfer.fitting import LEVEL, fit_log_linear_censored, interval_quantile, profile_power_batch
 
 # A slope d log ν*/d log n whose 95% interval lies inside ±DRIFT_TOLERANCE is "none": over a 16×
 # transfer (ln 16 = 2.8) it moves ν* by at most ×1.32, less than one ×√2 grid step. Assumption.
 DRIFT_TOLERANCE = 0.1
-MIN_WIDTHS = 4  # uncensored widths a verdict needs: 3-parameter laws keep one residual dof
+MIN_WIDTHS = 4  # widths a verdict needs: 3-parameter laws keep one residual dof
+MIN_POINTS = 3  # of them uncensored, for the drift slope: one residual dof among the points themselves
 MUP_RULES = ("mup", "mup-independent-wd", "mup-standard-wd")  # rules that carry the optimum over as is
 
 
-def drift_verdict(widths, x, se, tolerance: float = DRIFT_TOLERANCE, level: float = LEVEL) -> dict:
+def drift_verdict(widths, x, se, censored=None, tolerance: float = DRIFT_TOLERANCE, level: float = LEVEL) -> dict:
     """Does the optimum move with width? The statistic is the slope b = d x*/d log n of a weighted
-    log-linear fit (x* = log ν*), over uncensored optima only, with its `level` interval [lo, hi]:
+    log-linear fit (x* = log ν*) with its `level` interval [lo, hi]; `censored` (None, "upper" or
+    "lower" per width) makes an optimum a bound in that fit (a censored likelihood):
       "none"      the interval lies inside ±tolerance (a drift, if any, too small to matter);
       "drift"     otherwise, the interval excludes 0;
-      "undecided" otherwise, or with fewer than MIN_WIDTHS widths.
+      "undecided" otherwise, or with fewer than MIN_WIDTHS widths or MIN_POINTS uncensored ones.
     The linear slope is the test, not paper 2's β: under no drift β is not identified at all, and
     a decaying drift still has a slope of one sign over the ladder."""
+    kinds = list(censored) if censored is not None else [None] * len(widths)
+    n_points = sum(k is None for k in kinds)
     out = {
         "verdict": "undecided",
         "slope": None,
         "slope_se": None,
         "slope_ci": None,
         "tolerance": tolerance,
-        "n_widths": len(widths),
+        "n_widths": n_points,
+        "n_bounds": len(widths) - n_points,
     }
-    if len(widths) < MIN_WIDTHS:
+    if len(widths) < MIN_WIDTHS or n_points < MIN_POINTS:
         return {
             **out,
-            "reason": f"{len(widths)} widths with an uncensored optimum; a drift verdict needs "
-            f"{MIN_WIDTHS} (one residual degree of freedom beyond a 3-parameter law)",
+            "reason": f"{n_points} widths with an uncensored optimum and {len(widths) - n_points} bounds; a drift "
+            f"verdict needs {MIN_WIDTHS} widths (one residual degree of freedom beyond a 3-parameter law), "
+            f"{MIN_POINTS} of them uncensored",
         }
-    f = fit_log_linear(widths, x, se)
+    f = fit_log_linear_censored(widths, x, se, kinds)
     q = interval_quantile(f, level)
     lo, hi = f.b - q * f.b_se, f.b + q * f.b_se
     out.update(slope=f.b, slope_se=f.b_se, slope_ci=[lo, hi])
-    ci = f"slope {f.b:+.3g} per log width, {level:.0%} interval [{lo:+.3g}, {hi:+.3g}]"
+    ci = f"slope {f.b:+.3g} per log width, {level:.0%} interval [{lo:+.3g}, {hi:+.3g}]" + (
+        f" ({f.n_censored} censored optima as bounds)" if f.n_censored else ""
+    )
     if -tolerance < lo and hi < tolerance:
         return {**out, "verdict": "none", "reason": f"{ci} inside ±{tolerance:g}"}
     if lo > 0 or hi < 0:
@@ -108,7 +119,7 @@ def sweep_warnings(fits, widths, hp, rule, verdict, fast, trend) -> list[str]:
             if f.on_edge:
                 warnings.append(
                     f"width {w}: best {h}={f.value:g} is on the grid edge; extend sweep.grid.{h} "
-                    "(the optimum is a bound, left out of the trend fits)"
+                    "(the optimum is a bound: it enters the trend fits as one)"
                 )
             elif not f.convex:
                 warnings.append(
@@ -118,7 +129,7 @@ def sweep_warnings(fits, widths, hp, rule, verdict, fast, trend) -> list[str]:
             if f.capped_by_divergence:
                 warnings.append(
                     f"width {w}: the {h} value above the best one diverged; {h}*={f.value:g} "
-                    "sits near the stability edge (a bound, left out of the trend fits), "
+                    "sits near the stability edge (a bound in the trend fits), "
                     "the target may be close to diverging"
                 )
     if len(widths) < 3:
