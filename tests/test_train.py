@@ -71,17 +71,25 @@ def uninterrupted(ray_local, tmp_path_factory):
 
 
 def test_mup_learning_rates_inside_the_engine(uninterrupted):
+    """The engine trains the plain, folded model (handoff/fold.py) with µP's per-parameter groups:
+    hidden matrices lr/m and (independent form) weight_decay·m; the readout's forward multiplier
+    α = output_mult/m folded in as lr·α, weight_decay/α, ε/α; embeddings and norms at the base LR."""
     out, metrics = uninterrupted
     assert metrics["status"] == "ok" and metrics["step"] == STEPS
     groups = json.loads((out / "engine_param_groups.json").read_text())
     m = 128 / 32  # width_mult
-    by_lr = {round(g["lr"], 12): g for g in groups}
-    # MuAdamW: hidden matrices get lr / width_mult and (independent form) weight_decay × width_mult;
-    # vector-like parameters (norms, embeddings, the MuReadout) keep the base LR.
-    assert set(by_lr) == {round(0.01 / m, 12), 0.01}
-    hidden = by_lr[round(0.01 / m, 12)]
-    assert hidden["weight_decay"] == pytest.approx(0.1 * m) and hidden["numel"] > 0.8 * sum(g["numel"] for g in groups)
-    assert {g["weight_decay"] for g in groups if g["lr"] == pytest.approx(0.01)} == {0.1, 0.0}
+    alpha = 1.0 / m  # output_mult 1
+    per = {n: (g["lr"], g["weight_decay"], g["eps"]) for g in groups for n in g["names"]}
+    assert sum(len(g["names"]) for g in groups) == len(per)  # each parameter in one group
+    hidden = [n for n in per if n.endswith("_proj.weight")]
+    assert len(hidden) == 2 * 7
+    for n in hidden:
+        assert per[n] == pytest.approx((0.01 / m, 0.1 * m, 1e-8)), n
+    assert per["lm_head.weight"] == pytest.approx((0.01 * alpha, 0.1 / alpha, 1e-8 / alpha))
+    assert per["model.embed_tokens.weight"] == pytest.approx((0.01, 0.1, 1e-8))
+    assert {per[n] for n in per if "norm" in n} == {(0.01, 0.0, 1e-8)}
+    numel = {n: g["numel"] / len(g["names"]) for g in groups for n in g["names"]}  # groups hold one shape each
+    assert sum(numel[n] for n in hidden) > 0.8 * sum(g["numel"] for g in groups)
     assert (out / "hf_model" / "config.json").exists()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -30,6 +31,7 @@ class TrainingSetup:
     lr_factor: Callable[[int], float]  # multiplier on the peak LR at step s (0-based), for LambdaLR
     grad_clip: float  # 0: off
     hps: Hyperparameters
+    folded: Any = None  # the large run's model is the plain, folded form (hptransfer.handoff.fold.Folded)
 
     def scheduler(self, optimizer: torch.optim.Optimizer | None = None) -> torch.optim.lr_scheduler.LambdaLR:
         return torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, self.lr_factor)

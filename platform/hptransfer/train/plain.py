@@ -53,21 +53,19 @@ def launch(plan: TransferPlan) -> Launch:
 
 
 def training_run(plan: TransferPlan) -> TrainingSetup:
-    """The plan's model, optimizer, schedule and clipping (`models.training_setup`, as in sweep
-    trials) on the CPU; the schedule is the base one times the rule's multiplicative warmup (1 except
-    for `sp-warmup`)."""
-    from hptransfer.models import training_setup
-    from hptransfer.transfer.schedule import warmup_multiplier
+    """The plan's target as `hpt handoff` hands it to any trainer (one code path for "µP in our
+    trainer" and "µP in yours"): the µP (or SP) model at the plan's seed folded into a plain model
+    (handoff/fold.py), AdamW with the per-parameter LR / weight-decay / ε groups of optimizer.json,
+    and its schedule (the base one times the rule's multiplicative warmup: 1 except for `sp-warmup`).
+    Under Adam this trains exactly as the µP model with MuAdamW would, up to float rounding (and
+    gradient clipping, which sees the folded gradients). `run.folded` is kept for the hand-off."""
+    from hptransfer.handoff.fold import fold_plan_target
+    from hptransfer.handoff.groups import build_adamw
+    from hptransfer.models import TrainingSetup
 
-    return training_setup(
-        plan.model,
-        plan.target.width,
-        base_width=plan.base_width,
-        hps=plan.hps,
-        total_steps=plan.target.steps,
-        seed=plan.seed,
-        extra_lr_factor=lambda s: warmup_multiplier(s, plan),
-        rule=plan.rule,
+    folded, spec = fold_plan_target(plan)
+    return TrainingSetup(
+        folded.model, build_adamw(folded.model, spec), lambda step: spec.lr_factor(step), plan.hps.grad_clip, plan.hps, folded
     )
 
 
@@ -92,9 +90,13 @@ def deepspeed_engine(plan: TransferPlan, run: TrainingSetup, world: int):
 
 
 def build_engine(plan: TransferPlan, world: int):
-    """Both halves: (engine, ds_config, lr_factor)."""
+    """Both halves: (engine, ds_config, lr_factor). `engine.hpt_folded` is the fold's record."""
     run = training_run(plan)
+    names = {id(p): n for n, p in run.model.named_parameters()}
+    group_names = [[names[id(p)] for p in g["params"]] for g in run.optimizer.param_groups]
     engine, ds_cfg = deepspeed_engine(plan, run, world)
+    # DeepSpeed's ZeRO optimizer keeps the client's groups in order, holding flat partitions instead of parameters.
+    engine.hpt_folded, engine.hpt_group_names = run.folded, group_names
     return engine, ds_cfg, run.lr_factor
 
 
@@ -136,9 +138,11 @@ class PlainRecipe:
                     {
                         "lr": g.get("initial_lr", g["lr"]),
                         "weight_decay": g["weight_decay"],
+                        "eps": g["eps"],
                         "numel": sum(p.numel() for p in g["params"]),
+                        "names": names,
                     }
-                    for g in self.engine.optimizer.param_groups
+                    for g, names in zip(self.engine.optimizer.param_groups, self.engine.hpt_group_names, strict=True)
                 ],
             )
         B, T = plan.target.batch_size, plan.target.seq_len
@@ -183,7 +187,7 @@ class PlainRecipe:
     def save(self, final: dict[str, Any], history: list[dict]) -> None:
         self.kit.write_metrics({"final": final, "history": history, "deepspeed_config": self.ds_cfg})
         with self._full_weights():  # every rank enters: under ZeRO-3 the gather is a collective
-            self.kit.save_handoff(self.engine.module)
+            self.kit.save_handoff(self.engine.module, folded=self.engine.hpt_folded)
 
     def check(self, final: dict[str, Any]) -> None:
         pass
