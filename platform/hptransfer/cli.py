@@ -263,6 +263,9 @@ def status(
     tracking_uri: Optional[str] = TRACKING,
     as_json: bool = typer.Option(False, "--json", help="One JSON object instead of lines, for scripts."),
     no_mlflow: bool = typer.Option(False, "--no-mlflow", help="Skip listing the MLflow runs (faster; no tracker contact)."),
+    replay_mlflow: bool = typer.Option(
+        False, "--replay-mlflow", help="First deliver to MLflow what an outage left unsent (train/mlflow_unsent.jsonl)."
+    ),
 ):
     """Where a study stands, from its folder alone (starts nothing): each stage done / running / interrupted,
     the coordinate check's verdict, sweep trials by status, the large run's step, tokens/s and ETA, final
@@ -271,6 +274,10 @@ def status(
     from hptransfer.status import describe, study_status
 
     configure()
+    if replay_mlflow:
+        from hptransfer.status import replay_mlflow as replay
+
+        console.print(replay(study_dir, tracking_uri=tracking_uri), markup=False)
     st = study_status(study_dir, tracking_uri=tracking_uri, mlflow=not no_mlflow)
     typer.echo(json.dumps(st, indent=2, default=str) if as_json else "\n".join(describe(st)))
 

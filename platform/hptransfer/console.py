@@ -5,7 +5,8 @@ Every verb is wrapped in `user_errors`: an `HptError` (anywhere below) prints as
     error (invalid spec): spec.yaml: 2 problem(s)
       - sweep.widths: widths must be strictly increasing ... (got [64, 32])
 
-on stderr and exits with status 2; no traceback. Text from files and flags is printed without Rich
+on stderr and exits with status 2; no traceback. A run stopped on purpose (`Stopped`: SIGTERM)
+prints its line and exits 75 (retryable). Text from files and flags is printed without Rich
 markup, so a study named `[/red]` prints as itself.
 """
 
@@ -18,7 +19,7 @@ from typing import NoReturn, TypeVar
 import typer
 from rich.console import Console
 
-from hptransfer.errors import HptError
+from hptransfer.errors import HptError, Stopped
 
 # soft_wrap: a long line stays one line in CI logs and pipes (Rich would wrap at 80 columns there).
 console = Console(highlight=False, soft_wrap=True)
@@ -49,6 +50,10 @@ def user_errors(fn: F) -> F:
         except HptError as e:
             report_error(e)
             raise typer.Exit(2) from None
+        except Stopped as e:  # preempted: no traceback, a status a job scheduler retries
+            err.print("[bold yellow]stopped[/]: ", end="")
+            err.print(str(e), markup=False, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -108,3 +108,14 @@ class DataError(HptError):
     """The data stage's user error: each problem names the file (or the spec field) and the fix."""
 
     kind = "unusable data"
+
+
+EXIT_RETRYABLE = 75  # sysexits' EX_TEMPFAIL: a temporary stop; resubmitting the same command continues
+
+
+class Stopped(Exception):
+    """Not a mistake to fix: the run stopped on purpose (preemption: SIGTERM) and its state is kept.
+    The CLI prints the message and exits with EXIT_RETRYABLE, so a scheduler that retries failed
+    jobs (a RayJob's backoffLimit, a Job's podFailurePolicy on exit code 75) resubmits it."""
+
+    exit_code = EXIT_RETRYABLE

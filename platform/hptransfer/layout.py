@@ -62,6 +62,21 @@ class TrainPaths:
         return self.root / "progress.log"
 
     @property
+    def stop_request(self) -> Path:
+        """Written by the driver when it gets SIGTERM; the workers stop at the next step boundary."""
+        return self.root / "stop_request.json"
+
+    @property
+    def mlflow_run(self) -> Path:
+        """The large run's MLflow run id: a resumed run logs into the same run."""
+        return self.root / "mlflow_run.json"
+
+    @property
+    def mlflow_unsent(self) -> Path:
+        """What could not be logged to MLflow (server unreachable), one operation a line, in order."""
+        return self.root / "mlflow_unsent.jsonl"
+
+    @property
     def engine_param_groups(self) -> Path:
         return self.root / "engine_param_groups.json"
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hptransfer.errors import PlanError, Problem, problems_from_validation
 from hptransfer.hyperparameters import TUNABLE, Hyperparameters
-from hptransfer.io import write_yaml
+from hptransfer.io import sidecar, torn, write_checked
 from hptransfer.plan_diagnostics import Diagnostics
 from hptransfer.spec import MAX_SEED, MAX_STEPS, MAX_WIDTH, RULE_NAMES, DataSpec, ModelSpec, Precision, TrainSpec
 
@@ -155,7 +155,8 @@ def _numbers(obj: Any, path: str = "") -> list[tuple[str, float]]:
 
 
 def save_plan(plan: TransferPlan, path: str | Path) -> Path:
-    return write_yaml(path, plan.model_dump(mode="json"))
+    """Atomically, with a checksum sidecar that tells a plan cut short (`io.torn`)."""
+    return write_checked(path, yaml.safe_dump(plan.model_dump(mode="json"), sort_keys=False, allow_unicode=True))
 
 
 def parse_plan(data: Any, source: str = "<plan>") -> TransferPlan:
@@ -197,6 +198,18 @@ def load_plan(path: str | Path) -> TransferPlan:
         raise PlanError(
             str(path),
             [Problem("", "plan not found", str(path), "make one with `hpt transfer --study-dir DIR` (or `hpt run SPEC`)")],
+        )
+    if why := torn(path):
+        raise PlanError(
+            str(path),
+            [
+                Problem(
+                    "",
+                    f"cut short while it was written ({why}): a crash on a filesystem without atomic rename, or a full disk",
+                    fix="make it again from the sweep's results with `hpt transfer --study-dir DIR` (the same `hpt run` "
+                    f"remakes it too); if you shortened it by hand on purpose, delete {sidecar(path).name} to accept it",
+                )
+            ],
         )
     try:
         data = yaml.safe_load(path.read_text())

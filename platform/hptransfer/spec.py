@@ -451,7 +451,18 @@ class TrainSpec(_Strict):
     max_failures: int = Field(
         2, ge=0, description="Ray Train restarts of the worker group after a worker dies; each resumes from the last checkpoint."
     )
-    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints Ray Train keeps (older ones are deleted).")
+    keep_checkpoints: int = Field(
+        2,
+        ge=1,
+        description="Checkpoints Ray Train keeps (older ones are deleted); a torn newest one falls back to the one before.",
+    )
+    stop_checkpoint_after_s: float = Field(
+        60.0,
+        ge=0,
+        description="On SIGTERM (preemption) the large run stops at the next step boundary and writes a checkpoint "
+        "unless its newest one is younger than this (seconds; 0: always). Keep the time one checkpoint takes "
+        "under the pod's grace period (deploy: terminationGracePeriodSeconds).",
+    )
 
 
 class TrackingSpec(_Strict):

@@ -11,7 +11,10 @@ Per stage: its state, a one-line summary and its files. A stage is `done` when i
 - plan: `transfer_plan.yaml`; large run: `train/progress.json` (step, total, tokens/s, ETA, when)
   and `train/train_metrics.json` (final metrics); report: `report/index.html`.
 - MLflow: the tracking URI and experiment this study resolves to, and its runs (tag
-  `hpt.study_dir`), read with short timeouts so a server that is down cannot stall the command.
+  `hpt.study_dir`), read with short timeouts so a server that is down cannot stall the command;
+  what an outage left unlogged (`train/mlflow_unsent.jsonl`) and the command that delivers it.
+- Torn files: `sweep_results.csv` or `transfer_plan.yaml` cut short while written (`io.torn`) show
+  as `torn`, with the command that rewrites them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 import yaml
 
 from hptransfer.errors import StudyError
+from hptransfer.io import torn
 from hptransfer.layout import DP_SWEEP_EXPERIMENT, SWEEP_EXPERIMENT, StudyPaths, resolve_tracking_uri
 from hptransfer.lock import live_holder
 from hptransfer.train.progress import duration
@@ -174,7 +178,9 @@ def _train(paths: StudyPaths, busy: bool) -> dict:
     parts.append(f"updated {duration(age)} ago")
     if progress.get("checkpoint_step"):
         parts.append(f"checkpoint at step {progress['checkpoint_step']}")
-    if state == INTERRUPTED:
+    if state == INTERRUPTED and progress.get("status") == "preempted":
+        state = "preempted"  # stopped on SIGTERM after a checkpoint
+    if state != RUNNING:
         parts.append("`hpt run` or `hpt train PLAN --resume` continues it")
     return _stage(state, ", ".join(parts), files, progress={**progress, "eta_now_s": round(eta, 1), "age_s": round(age, 1)})
 
@@ -242,6 +248,16 @@ def study_status(study_dir: str | Path, *, tracking_uri: str | None = None, mlfl
     stages["plan"] = _plan(paths)
     stages["train"] = _train(paths, busy)
     stages["report"] = _stage(DONE, "", _rel(paths, paths.report_html)) if paths.report_html.exists() else _stage(MISSING)
+    for key, path, fix in (
+        (
+            "sweep",
+            paths.sweep_results,
+            "rerun the sweep (`hpt sweep` or `hpt run`): it rewrites the table, training nothing again",
+        ),
+        ("plan", paths.plan, "`hpt transfer --study-dir DIR` (or `hpt run`) makes it again"),
+    ):
+        if why := torn(path):
+            stages[key] = _stage("torn", f"{path.name} was cut short while written ({why}); {fix}", _rel(paths, path))
     order = ["spec", "coord_check", "sweep", "plan", "train", "report"]
     reached = [i for i, key in enumerate(order) if stages[key]["state"] != MISSING]
     if busy and reached and stages[order[reached[-1]]]["state"] != RUNNING and reached[-1] + 1 < len(order):
@@ -255,8 +271,45 @@ def study_status(study_dir: str | Path, *, tracking_uri: str | None = None, mlfl
         "running": holder,
         "stages": stages,
         "log_file": str(paths.log_file) if paths.log_file.exists() else None,
-        "mlflow": _mlflow(paths, uri, experiment) if mlflow else {"tracking_uri": uri, "experiment": experiment},
+        "mlflow": {
+            **(_mlflow(paths, uri, experiment) if mlflow else {"tracking_uri": uri, "experiment": experiment}),
+            **_unsent(paths),
+        },
     }
+
+
+def _unsent(paths: StudyPaths) -> dict:
+    """What MLflow did not take while it was down (tracking.Spooled), and how to deliver it."""
+    from hptransfer.tracking import describe_unsent, read_unsent
+
+    ops = read_unsent(paths.train.mlflow_unsent)
+    if not ops:
+        return {}
+    return {
+        "unsent": f"{describe_unsent(ops)} in {paths.train.mlflow_unsent.relative_to(paths.root)}",
+        "replay": f"hpt status {paths.root} --replay-mlflow",
+    }
+
+
+def replay_mlflow(study_dir: str | Path, *, tracking_uri: str | None = None) -> str:
+    """Deliver what an MLflow outage left unsent; a line saying what was delivered or what still waits."""
+    from hptransfer.tracking import describe_unsent, read_unsent, replay_unsent
+
+    paths = StudyPaths(Path(study_dir).resolve())
+    spool = paths.train.mlflow_unsent
+    ops = read_unsent(spool)
+    if not ops:
+        return "MLflow: nothing left unsent"
+    spec = _yaml(paths.spec) or {}
+    uri = resolve_tracking_uri(paths.root, ((spec.get("tracking") or {}).get("uri")), tracking_uri)
+    # Where the run was made, unless told otherwise: the large run records its tracking URI.
+    recorded = _json(paths.train.mlflow_run) or {}
+    uri = tracking_uri or recorded.get("tracking_uri") or uri
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    if replay_unsent(spool, uri):
+        return f"MLflow: delivered {describe_unsent(ops)} to {uri}"
+    return f"MLflow: {uri} is still unreachable; waiting: {describe_unsent(read_unsent(spool))}"
 
 
 LABELS = {
@@ -296,4 +349,6 @@ def describe(status: dict) -> list[str]:
         lines.append("  runs: " + ", ".join(f"{v} {k}" for k, v in m["runs_by_kind"].items()))
     for r in m.get("runs", []):
         lines.append(f"  {r['kind']:<9} {r['run_id']}  {r['status']:<9} {r['name']}")
+    if m.get("unsent"):
+        lines.append(f"  NOT LOGGED (MLflow was unreachable): {m['unsent']}; deliver it: {m['replay']}")
     return lines

@@ -5,6 +5,9 @@ so any layer can hold a tracker.
   client, no global active-run state; made by `StudyContext.tracker`) and `NullTracker`, so training
   code never branches on rank or on whether tracking is on;
 - `BatchedMetrics`, per-step metrics written in batches (the large run's rank 0);
+- `Spooled`, a tracker that never sinks training: what MLflow does not take (server down) is
+  appended to a file in the study folder and delivered, in order, by the next write that succeeds
+  or by `replay_unsent` (`hpt status --replay-mlflow`);
 - `find_study_run`, a study's run of one kind (its sweep parent run), found by tags.
 
 The parent/child logger every sweep uses is the sweep stage's (`hptransfer.sweep.record.log_sweep_runs`)."""
@@ -179,3 +182,147 @@ def find_study_run(tracking_uri: str, experiment: str, study_root: str | Path, k
         [exp.experiment_id], filter_string=f"tags.`{TAG_STUDY}` = '{study_root}' and tags.`{TAG_KIND}` = '{kind}'"
     )
     return runs[0].info.run_id if runs else None
+
+
+# --- MLflow down: keep what was not logged, deliver it later ---------------------------------------
+
+# A worker's write to a server that is down must fail in seconds, not after MLflow's default
+# retries (7, backoff ×2: minutes of a blocked training step); the caller spools what failed.
+QUICK_FAIL_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+def fail_quickly() -> None:
+    """Set QUICK_FAIL_ENV in this process (a value the user set is kept)."""
+    import os
+
+    for k, v in QUICK_FAIL_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+class Spooled:
+    """`tracker` whose writes that fail (MLflow unreachable) go, in order, to `spool` (JSON lines)
+    instead of raising; the next call first delivers what is spooled, so a server back up gets
+    everything in the order it was logged. The driver and rank 0 share one spool (one line per
+    operation, appended whole); they write at different times (before, during, after Ray Train)."""
+
+    def __init__(self, tracker, spool: str | Path, tracking_uri: str):
+        self.tracker, self.spool, self.tracking_uri = tracker, Path(spool), tracking_uri
+        self.run_id = tracker.run_id
+        self.failures = 0
+
+    def _call(self, op: dict) -> None:
+        import json
+
+        if self.spool.exists() and not replay_unsent(self.spool, self.tracking_uri):
+            self._keep(json, op)
+            return
+        try:
+            _apply(self.tracker.client, op)
+        except Exception:
+            self._keep(json, op)
+
+    def _keep(self, json, op: dict) -> None:
+        self.failures += 1
+        self.spool.parent.mkdir(parents=True, exist_ok=True)
+        with self.spool.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"run_id": self.run_id, **op}, default=str) + "\n")
+
+    def log_params(self, params):
+        self._call({"op": "params", "params": {k: str(v)[:6000] for k, v in params.items()}})
+
+    def log_metrics(self, metrics, step=None):
+        self.log_metric_rows([(metrics, step or 0, int(time.time() * 1000))])
+
+    def log_metric_rows(self, rows):
+        rows = [
+            ({k: float(v) for k, v in m.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}, st, ts)
+            for m, st, ts in rows
+        ]
+        self._call({"op": "metrics", "rows": rows})
+
+    def log_artifact(self, path, artifact_path=None):
+        self._call({"op": "artifact", "path": str(Path(path).resolve()), "artifact_path": artifact_path})
+
+    def set_tags(self, tags):
+        self._call({"op": "tags", "tags": {k: str(v) for k, v in tags.items()}})
+
+    def end(self, status="FINISHED"):
+        self._call({"op": "end", "status": status})
+
+
+def _apply(client, op: dict) -> None:
+    """One spooled operation, through the MLflow client (raises when the server is unreachable)."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    run_id, kind = op["run_id"], op["op"]
+    if kind == "metrics":
+        ms = [Metric(k, v, ts, step) for metrics, step, ts in op["rows"] for k, v in metrics.items()]
+        for i in range(0, len(ms), MAX_METRICS_PER_BATCH):
+            client.log_batch(run_id, metrics=ms[i : i + MAX_METRICS_PER_BATCH])
+    elif kind == "params":
+        client.log_batch(run_id, params=[Param(k, v) for k, v in op["params"].items()])
+    elif kind == "tags":
+        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in op["tags"].items()])
+    elif kind == "artifact":
+        path = Path(op["path"])
+        if path.is_dir():
+            client.log_artifacts(run_id, str(path), op.get("artifact_path") or path.name)
+        elif path.exists():
+            client.log_artifact(run_id, str(path), op.get("artifact_path"))
+    elif kind == "end":
+        client.set_terminated(run_id, op["status"])
+
+
+def read_unsent(spool: str | Path) -> list[dict]:
+    """The spooled operations, oldest first (a line cut short by a crash is dropped)."""
+    import json
+
+    out = []
+    try:
+        lines = Path(spool).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def describe_unsent(ops: list[dict]) -> str:
+    """ "12 metric rows (steps 3-10), 1 artifact, the run's end (FINISHED) of run abc…"."""
+    rows = [r for op in ops if op.get("op") == "metrics" for r in op["rows"]]
+    steps = sorted({int(r[1]) for r in rows})
+    parts = [f"{len(rows)} metric rows" + (f" (steps {steps[0]}-{steps[-1]})" if steps else "")] if rows else []
+    for kind, name in (("params", "parameter batch"), ("tags", "tag batch"), ("artifact", "artifact")):
+        n = sum(op.get("op") == kind for op in ops)
+        if n:
+            parts.append(f"{n} {name}{'es' if n > 1 and name.endswith('batch') else 's' if n > 1 else ''}")
+    ends = [op["status"] for op in ops if op.get("op") == "end"]
+    if ends:
+        parts.append(f"the run's end ({ends[-1]})")
+    runs = sorted({op.get("run_id", "?") for op in ops})
+    return ", ".join(parts) + f" of MLflow run {', '.join(runs)}"
+
+
+def replay_unsent(spool: str | Path, tracking_uri: str) -> bool:
+    """Deliver the spooled operations in order; True when none is left (the file is removed).
+    Stops at the first that fails and keeps it and the rest (rewritten atomically)."""
+    from mlflow import MlflowClient
+
+    from hptransfer.io import write_atomic
+
+    spool = Path(spool)
+    ops = read_unsent(spool)
+    client = MlflowClient(tracking_uri)
+    for i, op in enumerate(ops):
+        try:
+            _apply(client, op)
+        except Exception:
+            import json
+
+            write_atomic(spool, "".join(json.dumps(o, default=str) + "\n" for o in ops[i:]))
+            return False
+    spool.unlink(missing_ok=True)
+    return True

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from hptransfer.errors import SweepError
-from hptransfer.io import write_atomic
+from hptransfer.io import write_atomic, write_checked
 from hptransfer.layout import SWEEP_EXPERIMENT
 from hptransfer.spec import StudySpec
 
@@ -211,7 +211,7 @@ def run_sweep_task(study: StudyContext, task: SweepTask, *, restart: bool = Fals
     df = pd.DataFrame(rows)
     if task.sort_by and len(df):
         df = df.sort_values(task.sort_by).reset_index(drop=True)
-    write_atomic(task.results_path, df.to_csv(index=False))
+    write_checked(task.results_path, df.to_csv(index=False))  # a sidecar tells a table cut short (io.torn)
     return df, grid
 
 

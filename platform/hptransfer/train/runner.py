@@ -3,8 +3,16 @@ TorchTrainer (gloo on CPU, NCCL on GPU) runs the one worker loop (`train/loop.py
 recipe (`train/recipe.py`): `train/plain.py` (DeepSpeed), or `train/private.py` (Opacus) for `dp`.
 
 Reads top to bottom: the recipe's launch (its checks run before anything is written) → the train/
-folder (restart, resume, refusal) → an MLflow run with the plan's parameters → the plan (and the
-recipe's files) saved beside the run → Ray Train → artifacts, final metrics and the run's status.
+folder (restart, resume, refusal) → the study's MLflow run of this large run (a resume logs into the
+same one: train/mlflow_run.json) with the plan's parameters → the plan (and the recipe's files)
+saved beside the run → Ray Train, SIGTERM asking the workers to stop → artifacts, final metrics and
+the run's status (a stopped run: KILLED, and `TrainingPreempted`, exit 75).
+
+Faults and what they leave (README "Failures and resume"): a worker dies → Ray Train restarts the
+group from the newest whole checkpoint (`train.max_failures`); SIGTERM → stop at the next step
+boundary, a checkpoint, exit 75, `--resume` (or the same `hpt run`) continues; the driver killed →
+the same; MLflow down → what it did not take waits in train/mlflow_unsent.jsonl
+(`hpt status` says what; `hpt status --replay-mlflow` delivers it).
 """
 
 from __future__ import annotations
@@ -13,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hptransfer import logs
-from hptransfer.errors import PlanError
+from hptransfer.errors import PlanError, Stopped
 from hptransfer.io import write_json
 from hptransfer.layout import TRAIN_EXPERIMENT
 from hptransfer.plan import TransferPlan, save_plan
@@ -23,6 +31,11 @@ if TYPE_CHECKING:
     from hptransfer.context import StudyContext
 
 FINAL_METRICS = ("train_loss", "val_loss", "initial_val_loss", "tokens_per_s", "epsilon_spent")  # logged as final_<name>
+
+
+class TrainingPreempted(Stopped):
+    """The driver got SIGTERM: the workers stopped at a step boundary after a checkpoint; the same
+    command with --resume (or the same `hpt run`) continues. Exit status 75 (errors.EXIT_RETRYABLE)."""
 
 
 class TrainingStopped(RuntimeError):
@@ -59,8 +72,14 @@ def run_train(
     launch = launch_for(plan, dp_seed=dp_seed)  # a bad plan fails here, before anything is written
     if prepare_train_dir(ctx, plan, resume=resume, restart=restart, log=log) and launch.check_resume:
         launch.check_resume(paths.plan)
-    tracker = ctx.tracker(f"{plan.study}-train", kind="train", tags={"rule": plan.rule, **launch.tags})
-    tracker.log_params({**run_params(plan), **launch.params, **{f"hp.{k}": v for k, v in plan.hps.as_dict().items()}})
+    paths.stop_request.unlink(missing_ok=True)  # a stop asked of an earlier run is not this one's
+    tracker = train_tracker(
+        ctx,
+        plan,
+        tags={"rule": plan.rule, **launch.tags},
+        params={**run_params(plan), **launch.params, **{f"hp.{k}": v for k, v in plan.hps.as_dict().items()}},
+        log=log,
+    )
     for name, content in launch.files.items():
         write_json(getattr(paths, name), content)
     save_plan(plan, paths.plan)  # the plan this run trains (a resume checks it)
@@ -78,6 +97,16 @@ def run_train(
     with ctx.ray_session():
         result = fit_on_ray_train(ctx, plan, train_loop_per_worker, loop_config, tracker)
     metrics = dict(result.metrics or {})
+    if metrics.get("status") == "preempted":
+        step, kept = metrics.get("step"), metrics.get("checkpoint_step")
+        tracker.set_tags({"hpt.preempted_at_step": step, "hpt.checkpoint_step": kept})
+        tracker.end("KILLED")
+        raise TrainingPreempted(
+            f"the large run stopped at step {step}/{plan.target.steps} on SIGTERM (preemption); its checkpoint of "
+            f"step {kept} is kept under {paths.ray_storage} and MLflow run {tracker.run_id} is marked KILLED. "
+            "Continue with the same `hpt run` (it resumes), or `hpt train PLAN --resume`; a RayJob retries on "
+            "this exit status (75)"
+        )
     for path in (paths.metrics, *(getattr(paths, n) for n in launch.files), paths.plan, paths.hf_model):
         if path.exists():
             tracker.log_artifact(path)
@@ -88,6 +117,80 @@ def run_train(
     metrics["mlflow_run_id"] = tracker.run_id
     metrics["checkpoint"] = result.checkpoint.path if result.checkpoint else None
     return metrics
+
+
+def train_tracker(ctx: StudyContext, plan: TransferPlan, *, tags: dict, params: dict, log=print):
+    """The study's MLflow run of this large run, never sinking training when MLflow is down
+    (tracking.Spooled). A run continued in the same train/ folder (a resume after a stop, a
+    preemption or a killed driver) logs into the run recorded in train/mlflow_run.json, set back
+    to RUNNING, so a study has one run per large run: none duplicated, none left RUNNING. What an
+    earlier outage left unsent is delivered first."""
+    from mlflow import MlflowClient
+
+    from hptransfer.tracking import Spooled, describe_unsent, fail_quickly, read_unsent, replay_unsent
+
+    paths = ctx.paths.train
+    fail_quickly()
+    if paths.mlflow_unsent.exists():
+        what = describe_unsent(read_unsent(paths.mlflow_unsent))
+        ok = replay_unsent(paths.mlflow_unsent, ctx.tracking_uri)
+        log(f"MLflow: {'delivered' if ok else 'still could not deliver'} what an earlier outage left unsent: {what}")
+    run_id = _recorded_run(paths.mlflow_run)
+    client = MlflowClient(ctx.tracking_uri)
+    try:
+        logged = client.get_run(run_id).data.params if run_id else None
+    except Exception:  # not in this tracking store (another --tracking-uri): a new run
+        logged = None
+    if logged is None:
+        tracker = ctx.tracker(f"{plan.study}-train", kind="train", tags=tags)
+        write_json(paths.mlflow_run, {"run_id": tracker.run_id, "tracking_uri": ctx.tracking_uri})
+        logged = {}
+    else:
+        tracker = ctx.tracker(run_id=run_id)
+        client.update_run(run_id, status="RUNNING")
+        log(f"MLflow: continuing run {run_id}")
+    spooled = Spooled(tracker, paths.mlflow_unsent, ctx.tracking_uri)
+    # A parameter is logged once (MLflow refuses a changed value): a resume with another scale knob keeps the first.
+    spooled.log_params({k: v for k, v in params.items() if k not in logged})
+    return spooled
+
+
+def _recorded_run(path: Path) -> str | None:
+    import json
+
+    try:
+        return str(json.loads(path.read_text())["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def stop_on_sigterm(paths, log_line):
+    """While Ray Train runs: SIGTERM writes train/stop_request.json, which rank 0 checks after every
+    step; the workers stop at that boundary (train/loop.py: WorkerKit.stop). Only in the main
+    thread (Python's rule for signal handlers); the previous handler comes back afterwards."""
+    import contextlib
+    import signal
+    import threading
+    import time
+
+    @contextlib.contextmanager
+    def installed():
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if not paths.stop_request.exists():
+                write_json(paths.stop_request, {"signal": "SIGTERM", "time": time.time()})
+                log_line("train: SIGTERM: stopping at the next step boundary, after a checkpoint")
+
+        previous = signal.signal(signal.SIGTERM, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    return installed()
 
 
 def run_params(plan: TransferPlan) -> dict:
@@ -113,7 +216,16 @@ def prepare_train_dir(ctx: StudyContext, plan: TransferPlan, *, resume: bool, re
     logs.attach(ctx.paths.log_file)
     previous = paths.ray_experiment
     if previous.exists() and restart:
-        aside = ctx.move_aside(paths.ray_storage, paths.metrics, paths.hf_model, paths.progress, paths.progress_log, paths.plan)
+        aside = ctx.move_aside(
+            paths.ray_storage,
+            paths.metrics,
+            paths.hf_model,
+            paths.progress,
+            paths.progress_log,
+            paths.plan,
+            paths.mlflow_run,  # the restarted run gets a run of its own
+            paths.stop_request,
+        )
         log(f"restart: the previous large run was moved to {aside}")
         return False
     if previous.exists() and not resume:
@@ -154,8 +266,13 @@ def fit_on_ray_train(ctx: StudyContext, plan: TransferPlan, loop, loop_config: d
             checkpoint_config=CheckpointConfig(num_to_keep=plan.train.keep_checkpoints),
         ),
     )
+
+    def line(text: str) -> None:  # joins rank 0's lines, which the driver prints
+        with paths.progress_log.open("a", encoding="utf-8") as f:
+            f.write(text + "\n")
+
     try:
-        with logs.follow(paths.progress_log):
+        with logs.follow(paths.progress_log), stop_on_sigterm(paths, line):
             return trainer.fit()
     except ray.train.TrainingFailedError as e:
         tracker.end("FAILED")

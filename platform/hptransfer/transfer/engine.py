@@ -410,6 +410,21 @@ def read_results(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise ResultsError(str(path), [f"file not found: {path}"])
+    from hptransfer.errors import Problem
+    from hptransfer.io import sidecar, torn
+
+    if why := torn(path):
+        raise ResultsError(
+            str(path),
+            [
+                Problem(
+                    "",
+                    f"cut short while it was written ({why}): a crash on a filesystem without atomic rename, or a full disk",
+                    fix="rewrite it from the sweep's own state, no trial trained again: rerun the same `hpt sweep SPEC "
+                    f"--study-dir DIR` (or `hpt run`); if you shortened it by hand on purpose, delete {sidecar(path).name}",
+                )
+            ],
+        )
     if path.suffix.lower() == ".parquet":
         return pd.read_parquet(path)
     if path.suffix.lower() in (".csv", ".txt"):
