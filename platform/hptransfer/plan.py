@@ -81,6 +81,11 @@ class TransferPlan(BaseModel):
     provenance: dict[str, Any] = Field(default_factory=dict)
     seed: int = Field(0, ge=0, le=MAX_SEED)
     dp: dict[str, Any] | None = Field(None, description="Rule `dp`: the DP plan (B, T, σ, C grid, σ√T table).")
+    axes: dict[str, Any] | None = Field(
+        None,
+        description="Transfer across steps, batch size and depth (transfer/axes.py): the base point, each axis's law "
+        "of the optimum LR (fitted, undecided, or the literature's prior), its factor at the target, the critical batch.",
+    )
 
     @field_validator("rule")
     @classmethod
@@ -98,7 +103,7 @@ class TransferPlan(BaseModel):
         Hyperparameters.model_validate(v)  # ranges (lr > 0, 0 ≤ beta < 1, ...)
         return v
 
-    @field_validator("schedule", "heuristics", "baselines", "provenance", "dp")
+    @field_validator("schedule", "heuristics", "baselines", "provenance", "dp", "axes")
     @classmethod
     def _finite(cls, v: Any) -> Any:
         # Free-form blocks are not covered by allow_inf_nan: a hand-edited `.nan` would reach exports.

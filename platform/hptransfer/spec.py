@@ -320,6 +320,48 @@ class DataSpec(_Strict):
         return self
 
 
+class AxesSpec(_Strict):
+    """Arms of the sweep beyond the width ladder (issue 23): each value of `steps` or `batch_size`
+    runs the LR grid and the replicate seeds at one width, the other axes at the ladder's."""
+
+    width: int | None = Field(
+        None, ge=1, le=MAX_WIDTH, description="The width the arms run at; one of sweep.widths. Default: the narrowest."
+    )
+    steps: list[int] = Field(
+        default_factory=list,
+        description="Training horizons (steps per trial) swept besides sweep.steps, e.g. [50, 200, 400]: the law of the "
+        "optimal LR against the horizon (transfer/axes.py).",
+    )
+    batch_size: list[int] = Field(
+        default_factory=list,
+        description="Batch sizes (sequences) swept besides sweep.batch_size, e.g. [8, 32, 64]: the law of the optimal LR "
+        "against the batch.",
+    )
+    noise_scale_batches: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="Batches each trial spends at its end measuring the gradient noise scale B_simple = tr(Σ)/|G|² "
+        "(the critical batch; the plan warns when the target's batch is beyond it); 0: not measured.",
+    )
+
+    @field_validator("steps", "batch_size")
+    @classmethod
+    def _values(cls, v: list[int], info) -> list[int]:
+        top = MAX_STEPS if info.field_name == "steps" else 1_000_000
+        if bad := [x for x in v if not 1 <= x <= top]:
+            raise ValueError(f"values {bad} are outside 1..{top:,}; give positive {info.field_name} values")
+        if len(set(v)) != len(v):
+            raise ValueError(f"values repeat {v}; list each value once (add seeds for replicates)")
+        return v
+
+    @model_validator(mode="after")
+    def _some(self) -> AxesSpec:
+        if not self.steps and not self.batch_size:
+            raise ValueError("sweep.axes sweeps nothing: give `steps: [...]` and/or `batch_size: [...]`, or remove it")
+        return self
+
+
 class SweepSpec(_Strict):
     widths: list[int] = Field(..., description="The width ladder, strictly increasing, e.g. [32, 64, 128].")
     grid: dict[str, list[float]] = Field(
@@ -362,6 +404,12 @@ class SweepSpec(_Strict):
     )
     asha_reduction_factor: float = Field(2.0, gt=1, description="ASHA: keep 1/reduction_factor of trials at each rung.")
     reports: int = Field(4, ge=1, le=100, description="Validation evaluations reported per trial (ASHA decides at these).")
+    axes: AxesSpec | None = Field(
+        None,
+        description="Arms beyond the width ladder: `steps` and/or `batch_size` values swept at one width (`width`), "
+        "each with the LR grid and the replicate seeds, for the laws of the optimal LR across horizon and batch.",
+    )
+
 
     @field_validator("widths")
     @classmethod
@@ -413,8 +461,18 @@ class SweepSpec(_Strict):
         return v
 
     @property
+    def n_arms(self) -> int:
+        """Width-ladder points plus the axes' extra (steps or batch_size) arms."""
+        extra = 0 if self.axes is None else len(self.axes_values("steps")) + len(self.axes_values("batch_size"))
+        return len(self.widths) + extra
+
+    def axes_values(self, axis: str) -> list[int]:
+        """The axis's values swept besides the ladder's own (`sweep.steps` / `sweep.batch_size`)."""
+        return [v for v in getattr(self.axes, axis, None) or [] if v != getattr(self, axis)]
+
+    @property
     def n_trials(self) -> int:
-        return len(self.widths) * (len(self.seeds) * math.prod(len(x) for x in self.grid.values()) + self.noise_seeds)
+        return self.n_arms * (len(self.seeds) * math.prod(len(x) for x in self.grid.values()) + self.noise_seeds)
 
 
 class TransferSpec(_Strict):
@@ -424,6 +482,13 @@ class TransferSpec(_Strict):
         gt=0,
         description="sp-warmup: timescale τ (steps) of the multiplicative warmup; null: 1/(lr·weight_decay) (paper 3).",
     )
+    weight_decay: Literal["rule", "tau"] = Field(
+        "rule",
+        description="`rule`: weight decay as the rule carries it; `tau`: keep AdamW's EMA timescale τ = 1/(lr·weight_decay) "
+        "a fixed share of the run, lr·weight_decay·steps constant from the ladder to the target (Wang & Aitchison, "
+        "arXiv 2405.13698; docs/RESEARCH.md).",
+    )
+
 
 
 class TargetSpec(_Strict):
@@ -431,6 +496,9 @@ class TargetSpec(_Strict):
     steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="Training steps of the large run. Default: the sweep's.")
     batch_size: int | None = Field(
         None, ge=1, le=1_000_000, description="Global batch (sequences) of the large run. Default: the sweep's."
+    )
+    depth: int | None = Field(
+        None, ge=1, le=128, description="Blocks (layers) of the large model. Default: model.depth (the ladder's)."
     )
 
 
@@ -536,6 +604,9 @@ class StudySpec(_Strict):
                 f"target.width={self.target.width} is narrower than the widest swept width "
                 f"{self.sweep.widths[-1]}; transfer goes to a wider model"
             )
+        ax = self.sweep.axes
+        if ax is not None and ax.width is not None and ax.width not in self.sweep.widths:
+            errs.append(f"sweep.axes.width={ax.width} is not one of sweep.widths {self.sweep.widths}; pick a swept width")
         if self.model.base_width is not None and self.model.base_width > self.sweep.widths[0]:
             errs.append(f"model.base_width={self.model.base_width} exceeds the narrowest width {self.sweep.widths[0]}")
         if self.transfer.rule not in RULE_NAMES:
@@ -566,6 +637,15 @@ class StudySpec(_Strict):
     @property
     def target_batch_size(self) -> int:
         return self.target.batch_size or self.sweep.batch_size
+
+    @property
+    def target_depth(self) -> int:
+        return self.target.depth or self.model.depth
+
+    @property
+    def axes_width(self) -> int:
+        """The width the axes' arms run at."""
+        return (self.sweep.axes.width if self.sweep.axes else None) or self.sweep.widths[0]
 
 
 def _check_hps(name: str, values: list[float]) -> None:
@@ -615,7 +695,15 @@ def load_spec(path: str | Path) -> StudySpec:
 def _unset_later_fields(spec: StudySpec) -> dict:
     """Fields added after studies existed, left out of the hashes while they hold their default, so
     an existing study's hashes (its results table's `spec_hash`, its trial markers) stay the same."""
-    return {section: {"precision"} for section in ("sweep", "train") if getattr(spec, section).precision == DEFAULT_PRECISION}
+    out: dict[str, set[str]] = {}
+    for section in ("sweep", "train"):
+        if getattr(spec, section).precision == DEFAULT_PRECISION:
+            out.setdefault(section, set()).add("precision")
+    later = {"sweep": ("axes", None), "target": ("depth", None), "transfer": ("weight_decay", "rule")}  # issue 23
+    for section, (name, default) in later.items():
+        if getattr(getattr(spec, section), name) == default:
+            out.setdefault(section, set()).add(name)
+    return out
 
 
 def sweep_hash(spec: StudySpec, training: RuleTraining | None = None) -> str:

@@ -128,3 +128,67 @@ def plot_optimum(plan: TransferPlan, path: str | Path) -> Path | None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def plot_axes(plan: TransferPlan, path: str | Path) -> Path | None:
+    """Per axis of `plan.axes` (steps, batch size, depth: transfer/axes.py): the optimal LR at each
+    swept value (bars: ±1.96 se), the law (fitted, or the prior through the base point), and the
+    plan's move to the target value. None when the plan has no axis laws."""
+    laws = ((plan.axes or {}).get("laws")) or {}
+    if not laws:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hptransfer.io import save_figure
+
+    fig, axs = plt.subplots(1, len(laws), figsize=(4.8 * len(laws), 4.2), squeeze=False)
+    for ax, (axis, law) in zip(axs[0], laws.items()):
+        opt = {int(k): v for k, v in (law.get("optimum") or {}).items()}
+        se = {int(k): v for k, v in (law.get("optimum_se") or {}).items()}
+        base, target, b = law["base"], law["target"], law["exponent"]
+        if opt:
+            vs = sorted(opt)
+            ys = np.array([opt[v] for v in vs])
+            err = np.array([1.96 * (se.get(v) or 0.0) for v in vs])
+            ax.errorbar(
+                vs, ys, yerr=[ys - ys * np.exp(-err), ys * np.exp(err) - ys], fmt="o", color="k", capsize=4, label="lr* per value"
+            )
+            cens = [int(k) for k in (law.get("censored") or {})]
+            if cens:
+                ax.plot(
+                    cens, [opt[v] for v in cens], "s", mfc="none", mec="orange", ms=12, mew=2, label="on the grid edge (a bound)"
+                )
+            ref = opt.get(base, math.exp(law.get("intercept", 0.0) + b * math.log(base)) if "intercept" in law else ys[0])
+        else:
+            vs, ref = [base], plan.axes.get("width_rule_lr", 1.0)
+        grid = np.geomspace(min(*vs, target), max(*vs, target), 100)
+        if law["basis"] == "fit":
+            line = np.exp(law["intercept"] + b * np.log(grid))
+            ci = law.get("exponent_ci")
+            label = f"fit: exponent {b:+.3g}" + (f" [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else "") + f" ({law['verdict']})"
+        else:
+            line = ref * (grid / base) ** b
+            label = f"prior: exponent {b:+g} (not measured)"
+        ax.plot(grid, line, "--", color="tab:blue", label=label)
+        anchor = math.exp(law["intercept"] + b * math.log(base)) if law["basis"] == "fit" else ref
+        ax.plot(
+            [target],
+            [anchor * law["factor"]],
+            "D",
+            ms=10,
+            color="crimson",
+            label=f"target {axis}={target}: lr × {law['factor']:.3g}",
+        )
+        ax.axvline(target, color="crimson", alpha=0.25)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(_tex(axis))
+        ax.set_ylabel("optimal lr" + (f" (width {law['width']})" if law.get("width") else ""))
+        ax.set_title(f"{_tex(plan.study)}: optimum against {_tex(axis)}")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save_figure(fig, path)

@@ -268,7 +268,7 @@ def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Ca
 
     from hptransfer.io import write_atomic
     from hptransfer.plan import load_plan
-    from hptransfer.report.figures import plot_optimum, plot_transfer
+    from hptransfer.report.figures import plot_axes, plot_optimum, plot_transfer
     from hptransfer.spec import load_spec
     from hptransfer.transfer.engine import read_results
 
@@ -291,6 +291,11 @@ def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Ca
     ]
     if results.is_file():
         df = read_results(results)  # the one reader: identifiers stay text
+        if spec.sweep.axes is not None:  # the µTransfer plot is the width ladder's: arms have their own figure
+            from hptransfer.transfer.axes import at_base, axis_columns
+
+            base = {"steps": spec.sweep.steps, "batch_size": spec.sweep.batch_size, "depth": spec.model.depth}
+            df = df[at_base(axis_columns(df, base), base)]
         target_loss = final.get("val_loss") if final else None
         plot_transfer(df, spec, plan, target_loss, paths.report_transfer_png)
         parts.append(
@@ -306,6 +311,10 @@ def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Ca
     parts.append("<h2>Optimum against width</h2>")
     if plan is not None and plot_optimum(plan, paths.report_optimum_png) is not None:
         parts.append(_img(paths.report_optimum_png.name, "optimal learning rate against width with its fits"))
+    if plan is not None and plot_axes(plan, out / AXES_PNG) is not None:
+        parts.append("<h2>Optimum against steps, batch size and depth</h2>")
+        parts.append(_img(AXES_PNG, "optimal learning rate against each swept axis with its law and the target"))
+        parts.append(_axes_table(plan))
     parts.append(_diagnostics(plan) or _missing(paths.plan.name, "hpt transfer --study-dir STUDY_DIR"))
     parts.append(_coord(paths))
     parts.append(_dp(spec))
@@ -317,6 +326,35 @@ def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Ca
     if tracking_uri:
         _log_to_mlflow(spec, study, out, tracking_uri, log)
     return index
+
+
+AXES_PNG = "axes.png"
+
+
+def _axes_table(plan) -> str:
+    """Each axis's law: verdict, exponent and interval, the move to the target, the baselines'."""
+    rows = []
+    for axis, law in (plan.axes or {}).get("laws", {}).items():
+        bl = law.get("baselines", {})
+        rows.append(
+            [
+                _e(axis),
+                _e(law["verdict"]),
+                _g(law["exponent"], "+.3g") + (" " + _ci(law.get("exponent_ci")) if law.get("exponent_ci") else ""),
+                f"{law['base']} → {law['target']}",
+                "×" + _g(law["factor"], ".3g"),
+                " · ".join(f"{_e(k)} ×{_g(v['factor'], '.3g')}" for k, v in bl.items()),
+                _e(law.get("reason", "")),
+            ]
+        )
+    cb = (plan.axes or {}).get("critical_batch")
+    note = (
+        f'<p class="muted">critical batch B_simple ≈ {_g(cb["b_simple"], ".3g")} sequences '
+        f"(range {_g(cb['range'][0], '.3g')}–{_g(cb['range'][1], '.3g')}, {cb['n_trials']} trials)</p>"
+        if cb
+        else ""
+    )
+    return _table(["axis", "verdict", "exponent (95%)", "ladder → target", "lr factor", "baselines' factor", "why"], rows) + note
 
 
 def _log_to_mlflow(spec, study: Path, out: Path, tracking_uri: str, log: Callable[[str], None]) -> str | None:

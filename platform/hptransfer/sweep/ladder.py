@@ -26,6 +26,14 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
+ARM_KEYS = ("steps", "batch_size")  # a sweep.axes arm: a width's grid at another horizon or batch
+
+
+def arm_of(point: dict) -> tuple:
+    """The arm a point belongs to: its width and, for a sweep.axes arm, the axis values it sets.
+    Replicates follow an arm's own grid (the ladder's arms are plain widths)."""
+    return (point["width"], *((k, point[k]) for k in ARM_KEYS if k in point))
+
 
 def point_key(point: dict) -> str:
     """A trial's identity within the ladder: the point itself (width, tuned values, seed, replicate)."""
@@ -68,10 +76,10 @@ class LadderSearcher(Searcher):
         self.tuned, self.replicate_seeds, self.width_rank = list(tuned), list(replicate_seeds), dict(width_rank)
         self.ok = ok or (lambda result: result.get("status", "ok") == "ok")
         self.queue: list[dict] = [{**p, "replicate": False} for p in grid]
-        self.grid_left: dict[int, int] = {}  # width -> grid trials not yet completed
+        self.grid_left: dict[tuple, int] = {}  # arm (arm_of) -> grid trials not yet completed
         for p in grid:
-            self.grid_left[p["width"]] = self.grid_left.get(p["width"], 0) + 1
-        self.finished_rows: dict[int, list[dict]] = {}  # width -> its completed grid trials
+            self.grid_left[arm_of(p)] = self.grid_left.get(arm_of(p), 0) + 1
+        self.finished_rows: dict[tuple, list[dict]] = {}  # arm -> its completed grid trials
         self.live: dict[str, dict] = {}  # Tune trial id -> the point it runs
         self.done: set[str] = set()  # point keys completed (a replayed completion is counted once)
 
@@ -96,21 +104,24 @@ class LadderSearcher(Searcher):
         self.done.add(key)
         if point["replicate"]:
             return
-        width = point["width"]
+        arm = arm_of(point)
         r = result or {}
         val = r.get(self.metric)
-        self.finished_rows.setdefault(width, []).append(
+        self.finished_rows.setdefault(arm, []).append(
             {
                 **{k: point[k] for k in self.tuned},
                 "val_loss": float(val) if isinstance(val, (int, float)) else math.nan,
                 "ok": not error and bool(r) and self.ok(r),
             }
         )
-        self.grid_left[width] -= 1
-        if self.grid_left[width] == 0 and self.replicate_seeds:
-            best = best_point(self.finished_rows[width], self.tuned)
+        self.grid_left[arm] -= 1
+        if self.grid_left[arm] == 0 and self.replicate_seeds:
+            best = best_point(self.finished_rows[arm], self.tuned)
             if best is not None:
-                self._enqueue([{"width": width, **best, "seed": s, "replicate": True} for s in self.replicate_seeds])
+                fixed = {k: point[k] for k in ARM_KEYS if k in point}
+                self._enqueue(
+                    [{"width": point["width"], **fixed, **best, "seed": s, "replicate": True} for s in self.replicate_seeds]
+                )
 
     def _enqueue(self, points: list[dict]) -> None:
         """Insert before the first queued point of a narrower width (in `width_rank`), so the

@@ -258,16 +258,25 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
 
     def status(config: dict, m: dict, error: bool = False) -> str:
         s = "failed" if error else m.get("status", "failed" if not m else "ok")
-        # ended early by the scheduler (ASHA): its loss is from fewer steps
-        return "stopped" if s == "ok" and int(m.get("step", 0)) < steps else s
+        # ended early by the scheduler (ASHA): its loss is from fewer steps (than its arm's own horizon)
+        return "stopped" if s == "ok" and int(m.get("step", 0)) < int(m.get("steps_planned", steps)) else s
 
     def row(r) -> dict:
         c, m = r.config, r.metrics or {}
         s = status(c, m, bool(r.error))
+        axes_cols = {}
+        if spec.sweep.axes is not None:  # the arm's horizon, batch and depth, and the critical batch measured
+            axes_cols = {
+                "steps": int(c.get("steps", steps)),
+                "batch_size": int(c.get("batch_size", spec.sweep.batch_size)),
+                "depth": spec.model.depth,
+                "noise_scale": float(m.get("noise_scale", math.nan)),
+            }
         return {
             "width": c["width"],
             **{hp: c[hp] for hp in grid},
             "seed": c["seed"],
+            **axes_cols,
             "val_loss": float(m.get("val_loss", math.nan)) if s in ("ok", "stopped") else math.nan,
             "status": s,
             "train_loss": float(m.get("train_loss", math.nan)),
@@ -282,6 +291,19 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
     widths = ordered_widths(spec.sweep.widths, order)
     axes = {"width": widths, "seed": list(spec.sweep.seeds), **{hp: list(v) for hp, v in spec.sweep.grid.items()}}
     points = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+    if spec.sweep.axes is not None:
+        # The ladder's points at its own (steps, batch_size), then each axis value's arm at one width.
+        base = {"steps": steps, "batch_size": spec.sweep.batch_size}
+        points = [{**p, **base} for p in points]
+        for axis in ("steps", "batch_size"):
+            for v in spec.sweep.axes_values(axis):
+                arm = {**base, axis: v, "width": spec.axes_width}
+                points += [
+                    {**arm, "seed": s, **dict(zip(grid, g))}
+                    for s in spec.sweep.seeds
+                    for g in itertools.product(*spec.sweep.grid.values())
+                ]
+        axes = {**axes, **{a: sorted({p[a] for p in points}) for a in base}}
     replicate_seeds = [max(spec.sweep.seeds) + 1 + i for i in range(spec.sweep.noise_seeds)]
     searcher = LadderSearcher(
         points,
@@ -303,11 +325,12 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
         results_path=study.paths.sweep_results,
         # "/ladder": the grid and its replicates in one Tune run (an older two-run sweep is not resumed)
         fingerprint=f"{study.sweep_hash or ''}/ladder",
-        sort_by=["width", *grid, "seed"],
+        sort_by=["width", *(["steps", "batch_size"] if spec.sweep.axes else []), *grid, "seed"],
         restart_also=(study.paths.trials_done,),
         describe=lambda c: (
             ("replicate " if c.get("replicate") else "")
             + f"width={c['width']} "
+            + "".join(f"{a}={c[a]} " for a in ("steps", "batch_size") if a in c)
             + " ".join(f"{k}={c[k]:.3g}" for k in grid)
             + f" seed={c['seed']}"
         ),
@@ -316,8 +339,13 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
         reuse_actors=reuse_actors,
         time_budget_s=spec.sweep.wall_clock_budget_s,
         searcher=searcher,
-        planned=len(points) + len(widths) * len(replicate_seeds),
-        note=f" + {len(replicate_seeds)} replicate seeds at each width's best point" if replicate_seeds else "",
+        planned=len(points) + spec.sweep.n_arms * len(replicate_seeds),
+        note=(f" + {len(replicate_seeds)} replicate seeds at each width's best point" if replicate_seeds else "")
+        + (
+            f"; {spec.sweep.n_arms - len(widths)} of the width-{spec.axes_width} points are sweep.axes arms"
+            if spec.sweep.axes
+            else ""
+        ),
     )
 
 

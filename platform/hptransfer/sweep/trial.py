@@ -38,19 +38,25 @@ def train_proxy(
     device: torch.device | str = "cpu",
     precision: str | None = None,
     extra_lr_factor: Callable[[int], float] | None = None,
+    steps: int | None = None,
+    batch_size: int | None = None,
+    noise_scale_batches: int = 0,
 ) -> dict:
     """Train one proxy model on `device` in `precision` (default: `sweep.precision`); returns the
     final metrics. `report` gets `n_reports` evaluations. `extra_lr_factor` multiplies the LR
-    schedule as in the large run (`training_setup`; e.g. `sp-warmup`'s warmup at the target)."""
+    schedule as in the large run (`training_setup`; e.g. `sp-warmup`'s warmup at the target).
+    `steps`, `batch_size`: an arm of sweep.axes (default: the ladder's). `noise_scale_batches` > 0:
+    the final metrics carry `noise_scale`, B_simple measured on that many fresh batches
+    (sweep/noise_scale.py)."""
     from hptransfer.data import open_corpus
     from hptransfer.models import evaluate, lm_logits, training_setup
     from hptransfer.models.build import lm_loss
     from hptransfer.models.device import autocast
 
     t0 = time.perf_counter()
-    corpus = open_corpus(spec.data, seq_len=spec.model.seq_len, steps=spec.sweep.steps, batch_size=spec.sweep.batch_size)
-    val = corpus.val_batches(spec.data.eval_batches, spec.sweep.batch_size, spec.model.seq_len)
-    steps = spec.sweep.steps
+    steps, bs = steps or spec.sweep.steps, batch_size or spec.sweep.batch_size
+    corpus = open_corpus(spec.data, seq_len=spec.model.seq_len, steps=steps + noise_scale_batches, batch_size=bs)
+    val = corpus.val_batches(spec.data.eval_batches, bs, spec.model.seq_len)
     run = training_setup(
         spec.model,
         width,
@@ -65,11 +71,12 @@ def train_proxy(
     # In place: the optimizer built by training_setup keeps the same (now moved) parameters.
     model, opt, sched = run.model.to(device), run.optimizer, run.scheduler()
     eval_at = {max(1, round(steps * (i + 1) / n_reports)) for i in range(n_reports)}
-    metrics = {"status": "ok", "val_loss": float("nan"), "train_loss": float("nan"), "step": 0}
+    # steps_planned: what a trial that ran to the end reached (an arm's own horizon; runner's status)
+    metrics = {"status": "ok", "val_loss": float("nan"), "train_loss": float("nan"), "step": 0, "steps_planned": steps}
     train_time = 0.0
     for step in range(1, steps + 1):
         ts = time.perf_counter()
-        x, y = corpus.batch("train", step, spec.sweep.batch_size, spec.model.seq_len, seed=seed)
+        x, y = corpus.batch("train", step, bs, spec.model.seq_len, seed=seed)
         x, y = x.to(device), y.to(device)
         with autocast(device, precision):
             loss = lm_loss(lm_logits(model, x), y)
@@ -92,16 +99,28 @@ def train_proxy(
                 report(dict(metrics))
         if metrics["status"] == "diverged":
             break
+    if noise_scale_batches > 0 and metrics["status"] == "ok":
+        from hptransfer.sweep.noise_scale import gradient_noise_scale
+
+        fresh = (corpus.batch("train", steps + i, bs, spec.model.seq_len, seed=seed) for i in range(1, noise_scale_batches + 1))
+        metrics["noise_scale"] = gradient_noise_scale(
+            model, ((x.to(device), y.to(device)) for x, y in fresh), lambda m, x, y: lm_loss(lm_logits(m, x), y)
+        )
+        if report:
+            report(dict(metrics))  # the last result is the table's row
     return metrics
 
 
-def trial_key(spec: StudySpec, width: int, hps: Hyperparameters, seed: int) -> str:
+def trial_key(spec: StudySpec, width: int, hps: Hyperparameters, seed: int, arm: dict | None = None) -> str:
+    """`arm`: a sweep.axes arm's {steps or batch_size: value}; the ladder's own trials have none (and
+    keep the key they had before arms existed)."""
     import hashlib
     import json
 
     from hptransfer.spec import spec_hash
 
-    blob = json.dumps({"spec": spec_hash(spec), "width": width, "hps": hps.as_dict(), "seed": seed}, sort_keys=True)
+    key = {"spec": spec_hash(spec), "width": width, "hps": hps.as_dict(), "seed": seed, **(arm or {})}
+    blob = json.dumps(key, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -123,12 +142,22 @@ def tune_trainable(config: dict, spec: StudySpec | None = None, done_dir: str | 
     s = spec  # validated once by the driver; shared through the object store
     torch.set_num_threads(max(1, int(s.sweep.cpus_per_trial)))
     hps = trial_hps(s, config)
-    marker = Path(done_dir) / f"{trial_key(s, config['width'], hps, config['seed'])}.json" if done_dir else None
+    arm = {a: config[a] for a in ("steps", "batch_size") if config.get(a) not in (None, getattr(s.sweep, a))}
+    marker = Path(done_dir) / f"{trial_key(s, config['width'], hps, config['seed'], arm)}.json" if done_dir else None
     if marker is not None and marker.exists():
         tune.report({**json.loads(marker.read_text()), "cached": True})
         return
     final = train_proxy(
-        s, config["width"], hps, config["seed"], report=tune.report, n_reports=s.sweep.reports, device=trial_device()
+        s,
+        config["width"],
+        hps,
+        config["seed"],
+        report=tune.report,
+        n_reports=s.sweep.reports,
+        device=trial_device(),
+        steps=config.get("steps"),
+        batch_size=config.get("batch_size"),
+        noise_scale_batches=s.sweep.axes.noise_scale_batches if s.sweep.axes else 0,
     )
     if marker is not None:
         write_json(marker, final)

@@ -85,6 +85,17 @@ def print_plan(plan, path: Path | None = None) -> None:
         b = plan.baselines.get(name)
         if b:
             s.add_row(f"{name} baseline lr", f"{b['lr']:.3g} (plan/baseline {_g(b.get('plan_lr_ratio'), '.3g')})")
+    for axis, law in ((plan.axes or {}).get("laws") or {}).items():
+        ci = law.get("exponent_ci")
+        s.add_row(
+            f"{axis} law",
+            f"lr ∝ {axis}^{law['exponent']:+.3g}"
+            + (f" [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else "")
+            + f" ({law['verdict']}); {law['base']} → {law['target']}: lr × {law['factor']:.3g}",
+        )
+    cb = (plan.axes or {}).get("critical_batch")
+    if cb:
+        s.add_row("critical batch", f"B_simple ≈ {cb['b_simple']:.3g} sequences")
     for h in plan.heuristics:
         s.add_row("heuristic", f"{h['name']}: {h['applies_to']} × {h['factor']:.4g} ({h['why']})")
     if plan.schedule and plan.schedule.get("kind") == "sp-warmup":
@@ -109,7 +120,7 @@ def transfer(
     results: Optional[Path] = typer.Option(
         None,
         "--results",
-        help="Standalone: a results table (.csv or .parquet) from any tool; columns width, val_loss, status, seed and one per tuned hyperparameter.",
+        help="Standalone: a results table (.csv or .parquet) from any tool; columns width, val_loss, status, seed and one per tuned hyperparameter; optional steps, batch_size, depth (arms beyond the width ladder: their LR laws move the plan to the target's).",
     ),
     rule: Optional[str] = typer.Option(None, "--rule", help=f"Standalone: the transfer rule, one of {sorted(RULE_NAMES)}."),
     target_width: Optional[int] = typer.Option(None, "--target-width", help="Standalone: width of the large model."),
@@ -121,6 +132,9 @@ def transfer(
     target_steps: Optional[int] = typer.Option(None, "--target-steps", help="Steps of the large run. Default: --proxy-steps."),
     target_batch_size: Optional[int] = typer.Option(
         None, "--target-batch-size", help="Batch of the large run. Default: --proxy-batch-size."
+    ),
+    target_depth: Optional[int] = typer.Option(
+        None, "--target-depth", help="Blocks of the large model. Default: the ladder's depth (--depth, or the table's)."
     ),
     family: str = typer.Option("llama", "--family", help="Model family: llama or mlp."),
     depth: int = typer.Option(2, "--depth", help="Transformer blocks / hidden layers."),
@@ -163,6 +177,7 @@ def transfer(
             proxy_batch_size=proxy_batch_size,
             target_steps=target_steps,
             target_batch_size=target_batch_size,
+            target_depth=target_depth,
             model={
                 "family": family,
                 "depth": depth,

@@ -21,6 +21,17 @@ from hptransfer.plan import TargetShape, TransferPlan
 from hptransfer.plan_diagnostics import Diagnostics
 from hptransfer.spec import MAX_SEED, MAX_WIDTH, RULE_TRAINING, StudySpec, parse_spec, rule_training, spec_hash
 from hptransfer.spec import sweep_hash as sweep_hash_of
+from hptransfer.transfer.axes import (
+    AXES,
+    at_base,
+    axis_arms,
+    axis_columns,
+    axis_law,
+    axis_warnings,
+    base_point,
+    critical_batch,
+    tau_weight_decay,
+)
 from hptransfer.transfer.baselines import baselines_for
 from hptransfer.transfer.diagnostics import diagnose
 from hptransfer.transfer.optimum import OptimumFit, fit_optimum
@@ -81,6 +92,15 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
             )
         elif hp in LOG_SCALE and (v <= 0).any():
             problems.append(f"column `{hp}` must be > 0 (fitted on a log scale), got {sorted(v[v <= 0].unique())[:5]}")
+    for axis in AXES:  # optional columns of arms beyond the width ladder (transfer/axes.py)
+        if axis in df.columns:
+            v = pd.to_numeric(df[axis], errors="coerce")
+            bad = df.loc[v.notna() & (~np.isfinite(v) | (v <= 0) | (v != v.round())), axis]
+            if len(bad) or (v.isna() & df[axis].notna()).any():
+                problems.append(
+                    f"column `{axis}` must hold positive integers (empty: the ladder's own {axis}), got "
+                    f"{df.loc[(v.isna() & df[axis].notna()) | v.index.isin(bad.index), axis].unique()[:5].tolist()}"
+                )
     for hp in tuned:
         v = pd.to_numeric(df[hp], errors="coerce")
         if hp in df.columns and (~np.isfinite(v.dropna())).any():
@@ -225,8 +245,12 @@ def _clean(obj):
 def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = None) -> TransferPlan:
     tuned = list(spec.sweep.grid)
     results = check_results(results, tuned)
-    fits = optima_by_width(results, tuned)
-    skipped = sorted(set(results["width"].unique()) - set(fits))
+    # The width ladder is the rows at the base (steps, batch_size, depth); the rest are axis arms.
+    base = {"steps": spec.sweep.steps, "batch_size": spec.sweep.batch_size, "depth": spec.model.depth}
+    full = axis_columns(results, base)
+    ladder = full[at_base(full, base)]
+    fits = optima_by_width(ladder, tuned)
+    skipped = sorted(set(ladder["width"].unique()) - set(fits))
     ev = Evidence(
         optima={w: {hp: f.value for hp, f in per.items()} for w, per in fits.items()},
         fixed=dict(spec.sweep.fixed),
@@ -262,27 +286,34 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
         width_only.hyperparameters,
     )
     warnings = list(res.warnings) + diag.warnings
+    hyperparameters, heuristics = dict(res.hyperparameters), list(res.heuristics)
+    axes_section = None
+    if rule != "dp" and "lr" in tuned:  # `dp` sets its own batch, steps and LR
+        axes_section, hyperparameters, heuristics, more = _transfer_axes(
+            spec, full, base, tuned, width_only, hyperparameters, heuristics, target_steps, target_batch
+        )
+        warnings += more
     if skipped:
         warnings.append(f"widths {skipped} have no ok trial with a finite loss and were left out")
-    if res.heuristics:
+    if heuristics:
         warnings.append(
             "batch size or steps differ between sweep and target: heuristics applied "
-            f"({', '.join(h['name'] for h in res.heuristics)}); see `heuristics`"
+            f"({', '.join(h['name'] for h in heuristics)}); see `heuristics`"
         )
-    counts = results.groupby(["width", "status"]).size().unstack(fill_value=0)
+    counts = ladder.groupby(["width", "status"]).size().unstack(fill_value=0)
     hidden_lr = (
-        res.hyperparameters["lr"] * min(g.get("lr", 1.0) for g in res.param_group_multipliers.values())
+        hyperparameters["lr"] * min(g.get("lr", 1.0) for g in res.param_group_multipliers.values())
         if res.param_group_multipliers
-        else res.hyperparameters["lr"]
+        else hyperparameters["lr"]
     )
-    m = spec.model
+    m = spec.model if spec.target.depth is None else spec.model.model_copy(update={"depth": spec.target_depth})
     return TransferPlan(
         study=spec.name,
         rule=rule,
         model=m,
         base_width=spec.base_width,
         target=TargetShape(width=spec.target.width, steps=target_steps, batch_size=target_batch, seq_len=m.seq_len),
-        hyperparameters={k: float(v) for k, v in res.hyperparameters.items()},
+        hyperparameters={k: float(v) for k, v in hyperparameters.items()},
         param_group_multipliers=res.param_group_multipliers,
         schedule=_clean(
             {
@@ -295,7 +326,7 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
                 },
             }
         ),
-        heuristics=_clean(res.heuristics),
+        heuristics=_clean(heuristics),
         baselines=_clean(
             baselines_for(
                 m.family, spec.target.width, m.depth, m.ffn_mult, target_steps, target_batch, m.seq_len, plan_lr=hidden_lr
@@ -316,8 +347,113 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
             }
         ),
         provenance=_clean({"spec_hash": spec_hash(spec), "results_hash": table_hash(results), **(provenance or {})}),
+        axes=_clean(axes_section),
         **res.extras,
     )
+
+
+HOLD_PRODUCT_RULES = ("mup-independent-wd", "sp-warmup")  # rules that hold η·λ (rules._finish hold_product)
+
+
+def _transfer_axes(spec, full, base, tuned, width_only, hps, heuristics, target_steps, target_batch):
+    """The LR across steps, batch size and depth (transfer/axes.py): each axis's law, composed with
+    the width rule's LR at the base point: η = η_width · Π_a factor_a. Replaces the √B heuristic
+    (the batch law's prior is the same rule). Returns (plan `axes` section, hyperparameters,
+    heuristics, warnings); the section is None when every axis is at the base and none was swept."""
+    target = {"steps": target_steps, "batch_size": target_batch, "depth": spec.target_depth}
+    arms = axis_arms(full, base)
+    if not arms and all(target[a] == base[a] for a in AXES):
+        return None, hps, heuristics, []
+    laws, warnings = {}, []
+    for axis in AXES:
+        if axis in arms:
+            width, rows = arms[axis]
+            per = optima_by_width(rows.assign(width=rows[axis]), tuned)
+            vals = sorted(per)
+            law = axis_law(
+                axis,
+                vals,
+                [math.log(per[v]["lr"].value) for v in vals],
+                [per[v]["lr"].log_se for v in vals],
+                [per[v]["lr"].censored for v in vals],
+                base[axis],
+                target[axis],
+            )
+            law.update(width=width, optimum={str(v): per[v]["lr"].value for v in vals})
+            law["optimum_se"] = {str(v): per[v]["lr"].log_se for v in vals}
+            law["censored"] = {str(v): per[v]["lr"].censored for v in vals if per[v]["lr"].censored}
+        elif target[axis] != base[axis]:
+            law = axis_law(axis, [base[axis]], [0.0], [None], [None], base[axis], target[axis])
+        else:
+            continue
+        laws[axis] = law
+        warnings += axis_warnings(law)
+    lr_width = width_only.hyperparameters["lr"]
+    factor = math.prod(law["factor"] for law in laws.values())
+    hps = {**hps, "lr": lr_width * factor}
+    # The √B heuristic is the batch law's prior: kept as the record when the batch was not swept.
+    fitted = {a for a, law in laws.items() if law["basis"] == "fit"}
+    drop = {"hold-lr-wd-product"} | ({"adam-sqrt-batch-lr"} if "batch_size" in fitted else set())
+    heuristics = [h for h in heuristics if h["name"] not in drop]
+    for a, law in laws.items():
+        if a != "batch_size" and law["basis"] == "prior" and law["factor"] != 1.0:
+            heuristics.append(
+                {
+                    "name": f"{a}-prior-lr",
+                    "kind": "prior",
+                    "factor": law["factor"],
+                    "applies_to": "lr",
+                    "why": f"{a} {base[a]} → {target[a]}: lr × ({target[a]}/{base[a]})^{law['exponent']:+g}, not measured",
+                    "source": law["prior_source"],
+                }
+            )
+    wd0 = width_only.hyperparameters.get("weight_decay", 0.0)
+    if spec.transfer.weight_decay == "tau":
+        if wd0 > 0:
+            wd = tau_weight_decay(wd0, lr_width, base["steps"], hps["lr"], target_steps)
+            heuristics.append(
+                {
+                    "name": "tau-weight-decay",
+                    "kind": "rule",
+                    "factor": wd / wd0,
+                    "applies_to": "weight_decay",
+                    "why": f"lr·weight_decay·steps held: {lr_width:.4g}·{wd0:.4g}·{base['steps']} at the ladder",
+                    "source": "Wang & Aitchison, arXiv 2405.13698 (τ_epoch = B/(η·λ·D)); docs/RESEARCH.md",
+                }
+            )
+            hps["weight_decay"] = wd
+        else:
+            warnings.append("transfer.weight_decay: tau needs weight_decay > 0 on the ladder; weight decay left at 0")
+    elif spec.transfer.rule in HOLD_PRODUCT_RULES and wd0 > 0 and hps["lr"] != lr_width:
+        hps["weight_decay"] = wd0 * lr_width / hps["lr"]  # the rule holds η·λ: weight decay moves against the LR
+        heuristics.append(
+            {
+                "name": "hold-lr-wd-product",
+                "kind": "heuristic",
+                "factor": lr_width / hps["lr"],
+                "applies_to": "weight_decay",
+                "why": "lr moved by the axis laws; η·λ held constant",
+                "source": "Kosson et al. 2025, arXiv 2510.19093",
+            }
+        )
+    cb = critical_batch(full)
+    if cb is not None and target_batch > cb["b_simple"]:
+        warnings.append(
+            f"the target batch {target_batch} is beyond the critical batch B_simple ≈ {cb['b_simple']:.3g} sequences "
+            f"(range {cb['range'][0]:.3g}–{cb['range'][1]:.3g} over {cb['n_trials']} trials): past it a larger batch buys "
+            "little and the batch law's √B no longer holds; use a batch near it or sweep sweep.axes.batch_size past it"
+        )
+    section = {
+        "base": base,
+        "target": target,
+        "width_rule_lr": lr_width,
+        "factor": factor,
+        "lr": hps["lr"],
+        "laws": laws,
+        "critical_batch": cb,
+        "formula": "lr = width_rule_lr × Π_axis (target / base)^exponent",
+    }
+    return section, hps, heuristics, warnings
 
 
 def _dp_config(spec: StudySpec):
@@ -369,11 +505,14 @@ def standalone_spec(
     proxy_batch_size: int = 16,
     target_steps: int | None = None,
     target_batch_size: int | None = None,
+    target_depth: int | None = None,
     model: dict | None = None,
     name: str = "standalone",
     source: str = "results",
 ) -> StudySpec:
-    """A StudySpec describing a sweep made elsewhere, so `make_plan` serves both modes."""
+    """A StudySpec describing a sweep made elsewhere, so `make_plan` serves both modes. A table with
+    `steps`, `batch_size` or `depth` columns sets the ladder's own values (the base point: the value
+    most widths ran at; transfer/axes.py) instead of proxy_steps / proxy_batch_size / model depth."""
     tuned, fixed = tuned_columns(results)
     if not tuned:
         raise ResultsError(
@@ -384,11 +523,18 @@ def standalone_spec(
             ],
         )
     df = check_results(results, tuned, source)
+    model = dict(model or {})
+    defaults = {"steps": proxy_steps, "batch_size": proxy_batch_size, "depth": int(model.get("depth", 2))}
+    base = base_point(df, defaults)
+    proxy_steps, proxy_batch_size = base["steps"], base["batch_size"]
+    if "depth" in df.columns:
+        model["depth"] = base["depth"]
+    df = df[at_base(axis_columns(df, base), base)]  # the width ladder
     widths = sorted(int(w) for w in df["width"].unique())
     grid = {hp: sorted(float(v) for v in df[hp].unique()) for hp in tuned}
     data = {
         "name": name,
-        "model": {**(model or {}), **({"base_width": base_width} if base_width else {})},
+        "model": {**model, **({"base_width": base_width} if base_width else {})},
         "sweep": {
             "widths": widths,
             "grid": grid,
@@ -398,7 +544,7 @@ def standalone_spec(
             "seeds": sorted(int(s) for s in df["seed"].unique()),
         },
         "transfer": {"rule": rule},
-        "target": {"width": target_width, "steps": target_steps, "batch_size": target_batch_size},
+        "target": {"width": target_width, "steps": target_steps, "batch_size": target_batch_size, "depth": target_depth},
     }
     return parse_spec(data, source=f"{source} (as a study)")
 

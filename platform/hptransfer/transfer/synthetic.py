@@ -84,3 +84,35 @@ def synthetic_sweep(
                 loss = phi_inf + A * n**-alpha + kappa * (math.log(v) - math.log(opt)) ** 2
                 rows.append({"width": n, hp: v, "seed": s, "val_loss": loss + noise * rng.standard_normal(), "status": "ok"})
     return pd.DataFrame(rows)
+
+
+def synthetic_axes_sweep(
+    widths,
+    grid,
+    *,
+    base: dict[str, int],
+    arms: dict[str, list[int]],
+    exponents: dict[str, float],
+    arm_width: int | None = None,
+    nu0: float = 3e-3,
+    kappa: float = 0.08,
+    noise: float = 0.0,
+    seeds=(0,),
+    rng_seed: int = 0,
+) -> pd.DataFrame:
+    """A width-invariant optimum ν0 at the base point (steps, batch_size, depth) with a power law
+    along each axis: ν*(v) = ν0·Π_a (v_a/base_a)^exponents[a]. Rows: the width ladder at the base,
+    then each axis's `arms` values at `arm_width` (default: the narrowest), the other axes at base;
+    columns width, steps, batch_size, depth, lr, seed, val_loss, status."""
+    rng = np.random.default_rng(rng_seed)
+    points = [(n, dict(base)) for n in widths]
+    arm_width = arm_width or min(widths)
+    points += [(arm_width, {**base, a: v}) for a, vals in arms.items() for v in vals if v != base[a]]
+    rows = []
+    for n, at in points:
+        opt = nu0 * math.prod((at[a] / base[a]) ** exponents.get(a, 0.0) for a in base)
+        for v in grid:
+            for s in seeds:
+                loss = 2.0 + 4.0 * n**-0.5 + kappa * (math.log(v) - math.log(opt)) ** 2 + noise * rng.standard_normal()
+                rows.append({"width": n, **at, "lr": v, "seed": s, "val_loss": loss, "status": "ok"})
+    return pd.DataFrame(rows)

@@ -1,0 +1,235 @@
+"""Transfer across training length, batch size and depth: per-axis laws of the optimum LR, composed
+with the width rule (issue 23; docs/RESEARCH.md, "Beyond width").
+
+The ladder varies width at one (steps, batch_size, depth), its *base point*. Arms of the sweep vary
+one of those at one width, the others at the base point, each with the LR grid. Per axis a, the
+optima ν*(v) at its values v give a log-log law
+
+    log ν*(v) = c + b_a·log v        (fitting.fit_log_linear_censored: grid-edge optima as bounds)
+
+and the target's LR is the width rule's (at the base point) times each axis's move from the base
+value to the target's:  η*(target) = η_width · Π_a (v_target / v_base)^b_a.
+Assumption: the axes act independently (no interaction terms), as Bjorck et al.'s
+LR*(N, D) = C·N^−α·D^−β (arXiv 2409.19913) and the √B rule assume.
+
+What an axis gets, by how many of its values the table has:
+- 1 (the base alone): "cannot tell": the documented prior exponent (PRIORS, with its source) and a
+  warning when the target differs from the base;
+- 2: the two-point slope, "undecided" (no residual freedom to check the law: as the width verdicts);
+- 3 or more: "fitted", with the slope's 95% interval.
+Pure: numpy, pandas and the fitting helpers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from hptransfer.transfer.fitting import fit_log_linear_censored, interval_quantile
+
+AXES = ("steps", "batch_size", "depth")
+LABEL = {"steps": "horizon (steps)", "batch_size": "batch size", "depth": "depth"}
+
+
+@dataclass(frozen=True)
+class Prior:
+    exponent: float  # d log η* / d log v
+    source: str
+
+
+# The literature's exponents, used when the ladder has one value of an axis (and as the reference
+# an axis's fit is shown against). Each is an assumption outside its papers' settings.
+PRIORS = {
+    # DeepSeek LLM fits η_opt = 0.3118·C^−0.125 with C ≈ 6·N·D: at fixed N, η ∝ D^−0.125, and D ∝
+    # steps at a fixed batch. Bjorck et al. find the same sign (longer training, smaller LR) with
+    # per-model-size exponents; the smaller DeepSeek magnitude is the conservative move.
+    "steps": Prior(-0.125, "DeepSeek LLM, arXiv 2401.02954 (η ∝ C^-0.125 at fixed N); Bjorck et al., arXiv 2409.19913"),
+    # Adam's square-root scaling rule from its SDE (Malladi et al.), valid below the critical batch
+    # (McCandlish et al., arXiv 1812.06162).
+    "batch_size": Prior(0.5, "Malladi et al., arXiv 2205.10287 (Adam: η ∝ √B below the critical batch)"),
+    # No depth law is assumed here: depth transfer (CompleteP, depth-µP) is issue 24's.
+    "depth": Prior(0.0, "none: the LR is carried across depth as is (depth-µP/CompleteP not applied)"),
+}
+
+# Baselines' exponents along each axis at fixed everything else (transfer/baselines.py):
+# DeepSeek η ∝ (6ND)^−0.125; Step Law η ∝ N^−0.713·D^0.307; D = steps·batch·seq_len, N ∝ depth.
+BASELINE_EXPONENTS = {
+    "steps": {"deepseek": -0.125, "step_law": 0.307},
+    "batch_size": {"deepseek": -0.125, "step_law": 0.307},
+    "depth": {"deepseek": -0.125, "step_law": -0.713},
+}
+
+# An axis factor whose 95% interval is wider than ×/÷ this at the target is flagged (as power-law's).
+MAX_FACTOR_SPREAD = 2.0
+
+
+def axis_columns(results: pd.DataFrame, base: dict[str, int]) -> pd.DataFrame:
+    """`results` with every axis column present: a table without one ran every trial at the base."""
+    df = results.copy()
+    for a in AXES:
+        if a not in df.columns:
+            df[a] = base[a]
+        else:
+            df[a] = pd.to_numeric(df[a], errors="coerce").fillna(base[a]).astype(int)
+    return df
+
+
+def at_base(df: pd.DataFrame, base: dict[str, int], but: str | None = None) -> pd.Series:
+    """Rows at the base point on every axis except `but`."""
+    keep = pd.Series(True, index=df.index)
+    for a in AXES:
+        if a != but:
+            keep &= df[a] == base[a]
+    return keep
+
+
+def base_point(results: pd.DataFrame, defaults: dict[str, int]) -> dict[str, int]:
+    """The ladder's (steps, batch_size, depth): for each axis column, the value the most widths were
+    run at (ties: the most rows, then the smaller value); `defaults` where the column is absent."""
+    out = dict(defaults)
+    for a in AXES:
+        if a in results.columns:
+            col = pd.to_numeric(results[a], errors="coerce")
+            if col.notna().any():
+                g = results.assign(_v=col).dropna(subset=["_v"]).groupby("_v")
+                score = {v: (grp["width"].nunique(), len(grp), -v) for v, grp in g}
+                out[a] = int(max(score, key=score.get))
+    return out
+
+
+def axis_arms(df: pd.DataFrame, base: dict[str, int]) -> dict[str, tuple[int, pd.DataFrame]]:
+    """Axis → (the width its arm ran at, its rows, base value included) for every axis with a value
+    off the base at the base point of the other axes. The arm's width is the one with the most
+    values of that axis (ties: the narrowest)."""
+    out = {}
+    for a in AXES:
+        rows = df[at_base(df, base, but=a)]
+        off = rows[rows[a] != base[a]]
+        if off.empty:
+            continue
+        counts = rows.groupby("width")[a].nunique()
+        width = int(max(counts.index, key=lambda w: (counts[w], -w)))
+        out[a] = (width, rows[rows["width"] == width])
+    return out
+
+
+def axis_law(axis: str, values, x, se, censored, base_value: int, target_value: int) -> dict:
+    """The law along one axis, its factor at the target and its verdict (see the module docstring).
+    values: the axis values with an optimum; x: log ν* there; se, censored: as optimum.py gives."""
+    prior = PRIORS[axis]
+    out = {
+        "axis": axis,
+        "base": base_value,
+        "target": target_value,
+        "values": [int(v) for v in values],
+        "prior_exponent": prior.exponent,
+        "prior_source": prior.source,
+    }
+    n_points = sum(c is None for c in censored)
+    shift = math.log(target_value / base_value)
+    if len(values) < 2 or n_points < 2:
+        out.update(
+            verdict="cannot tell",
+            exponent=prior.exponent,
+            exponent_ci=None,
+            basis="prior",
+            reason=f"{len(values)} value(s) of {axis} swept ({n_points} with an uncensored optimum): the ladder "
+            f"cannot tell how the LR moves with {LABEL[axis]}; the prior exponent {prior.exponent:+g} ({prior.source}) is used",
+        )
+    else:
+        f = fit_log_linear_censored(values, x, se, censored)
+        b_se = f.b_se
+        if b_se is None:  # two points: the slope's error from theirs
+            s = [v for v in se if v is not None]
+            b_se = math.sqrt(sum(v * v for v in s)) / abs(math.log(values[-1] / values[0])) if len(s) == 2 else None
+        q = interval_quantile(f) if f.b_se is not None else 1.96
+        ci = [f.b - q * b_se, f.b + q * b_se] if b_se is not None else None
+        two = len(values) == 2
+        out.update(
+            verdict="undecided" if two else "fitted",
+            exponent=f.b,
+            exponent_se=b_se,
+            exponent_ci=ci,
+            intercept=f.a,
+            basis="fit",
+            n_bounds=f.n_censored,
+            reason=(
+                f"two values of {axis}: the slope {f.b:+.3g} interpolates them with no residual freedom to "
+                "check the law (undecided); sweep a third value"
+                if two
+                else f"log-log fit over {axis} {list(map(int, values))}: exponent {f.b:+.3g}"
+                + (f", 95% interval [{ci[0]:+.3g}, {ci[1]:+.3g}]" if ci else "")
+            ),
+        )
+    b = out["exponent"]
+    out["factor"] = math.exp(b * shift)
+    se_b = out.get("exponent_se")
+    if se_b is not None:
+        half = 1.96 * se_b * abs(shift)
+        out["factor_interval"] = [math.exp(b * shift - half), math.exp(b * shift + half)]
+    else:
+        out["factor_interval"] = None
+    out["baselines"] = {name: {"exponent": e, "factor": math.exp(e * shift)} for name, e in BASELINE_EXPONENTS[axis].items()}
+    return out
+
+
+def axis_warnings(law: dict) -> list[str]:
+    """What to do next about one axis's law."""
+    a, t, base = law["axis"], law["target"], law["base"]
+    if t == base:
+        return []
+    ratio = t / base
+    out = []
+    if law["verdict"] == "cannot tell":
+        out.append(
+            f"the target's {a}={t} is {ratio:.3g}× the ladder's {base}, but only one {a} was swept: the LR was "
+            f"not transferred across {LABEL[a]} from evidence; applied the prior (LR × {law['factor']:.3g}, "
+            f"exponent {law['exponent']:+g}: {law['prior_source']}). Sweep sweep.axes.{a} to measure it"
+        )
+    elif law["verdict"] == "undecided":
+        out.append(f"{LABEL[a]} law undecided: {law['reason']}")
+    fi = law.get("factor_interval")
+    if fi and fi[1] / fi[0] > MAX_FACTOR_SPREAD**2:
+        out.append(
+            f"the {LABEL[a]} factor at {a}={t} is uncertain: 95% interval ×{fi[0]:.3g}–×{fi[1]:.3g} "
+            f"(point ×{law['factor']:.3g}); add seeds or values of {a} nearer the target"
+        )
+    if law.get("basis") == "fit" and law["values"] and not (min(law["values"]) <= t <= max(law["values"])):
+        far = t / max(law["values"]) if t > max(law["values"]) else min(law["values"]) / t
+        if far > 32:
+            out.append(f"extrapolating the {LABEL[a]} law {far:.0f}× beyond the swept {a} values; sweep a larger {a}")
+    return out
+
+
+def critical_batch(df: pd.DataFrame, lr_col: str = "lr") -> dict | None:
+    """The critical batch from the gradient noise scale B_simple = tr(Σ)/|G|² the trials measured
+    (`noise_scale` column, sequences; McCandlish et al., arXiv 1812.06162): the median over each arm's
+    best grid point (seed-averaged), with the range. None without the column or a finite value."""
+    if "noise_scale" not in df.columns:
+        return None
+    ok = df[(df["status"] == "ok") & np.isfinite(pd.to_numeric(df["noise_scale"], errors="coerce"))]
+    if ok.empty:
+        return None
+    vals = []
+    for _, g in ok.groupby(["width", *AXES]):
+        if lr_col in g.columns:
+            best = g.groupby(lr_col)["val_loss"].mean().idxmin()
+            g = g[g[lr_col] == best]
+        vals += [float(v) for v in g["noise_scale"]]
+    v = np.asarray(vals, float)
+    return {
+        "b_simple": float(np.median(v)),
+        "range": [float(v.min()), float(v.max())],
+        "n_trials": len(v),
+        "source": "B_simple = tr(Σ)/|G|² (McCandlish et al., arXiv 1812.06162), measured at the end of the trials",
+    }
+
+
+def tau_weight_decay(wd0: float, lr0: float, steps0: int, lr: float, steps: int) -> float:
+    """Weight decay that keeps AdamW's EMA timescale a fixed share of the run (docs/RESEARCH.md,
+    "The τ rule"): τ_iter = 1/(η·λ) steps, so τ/T constant means η·λ·T constant:
+    λ = λ₀·η₀·T₀/(η·T) (Wang & Aitchison, arXiv 2405.13698: τ_epoch = B/(η·λ·D), D = T·B samples)."""
+    return wd0 * lr0 * steps0 / (lr * steps)
