@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_spec_dict
 from typer.testing import CliRunner
 
 from hptransfer.cli import app
@@ -20,6 +19,8 @@ from hptransfer.sweep.noise_scale import gradient_noise_scale
 from hptransfer.transfer.axes import PRIORS, tau_weight_decay
 from hptransfer.transfer.engine import make_plan, standalone_spec
 from hptransfer.transfer.synthetic import synthetic_axes_sweep
+
+from conftest import tiny_spec_dict
 
 BASE = {"steps": 100, "batch_size": 16, "depth": 2}
 STEP = 2**0.5  # the LR grid's ratio
