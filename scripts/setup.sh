@@ -13,6 +13,10 @@ want=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   python -m pip install -q --upgrade pip
   python -m pip install -c constraints.txt -e '.[test]'
+  # torchtitan declares datasets<4.8 and wandb; what it imports comes with the `handoff` extra above.
+  if python -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    python -m pip install -c constraints.txt --no-deps torchtitan
+  fi
   # mup declares torchvision but never imports it; a torchvision that does not match the CPU
   # torch breaks `import transformers` (operator torchvision::nms does not exist).
   python -m pip uninstall -y -q torchvision || true
