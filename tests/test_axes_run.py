@@ -1,0 +1,50 @@
+"""`hpt run` with sweep.axes end to end (issue 23): the ladder's arms at other horizons and batches
+run in the same Tune sweep, the table carries steps/batch_size/depth/noise_scale, the plan composes
+the axis laws, and the report draws them. One small run: MLP widths 16, 32, 3 LRs, 12 steps."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from hptransfer.plan import load_plan
+
+from conftest import tiny_spec_dict
+
+
+@pytest.mark.slow
+def test_hpt_run_with_axes_end_to_end(tmp_path):
+    d = tiny_spec_dict(
+        name="axes",
+        sweep={"axes": {"width": 16, "steps": [6, 24], "batch_size": [4], "noise_scale_batches": 2}},
+        target={"width": 64, "steps": 24, "batch_size": 16},
+        train={"workers": 1, "eval_every": 12},
+    )
+    spec = tmp_path / "axes.yaml"
+    spec.write_text(yaml.safe_dump(d))
+    study = tmp_path / "study"
+    r = subprocess.run(
+        [sys.executable, "-m", "hptransfer", "run", str(spec), "--study-dir", str(study), "--skip-coord-check"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+    df = pd.read_csv(study / "sweep_results.csv")
+    # 2 widths + 3 arms at width 16, 3 LRs each.
+    assert len(df) == 5 * 3
+    arms = df[(df.width == 16)].groupby(["steps", "batch_size"]).size().to_dict()
+    assert arms == {(6, 8): 3, (12, 4): 3, (12, 8): 3, (24, 8): 3}
+    assert (df.depth == 2).all() and df.loc[df.status == "ok", "steps_done"].equals(df.loc[df.status == "ok", "steps"])
+    assert df.loc[df.status == "ok", "noise_scale"].notna().any()
+    plan = load_plan(study / "transfer_plan.yaml")
+    laws = plan.axes["laws"]
+    assert laws["steps"]["values"] == [6, 12, 24] and laws["steps"]["verdict"] in ("fitted", "cannot tell")
+    assert laws["batch_size"]["values"] == [4, 8] or laws["batch_size"]["verdict"] == "cannot tell"
+    assert plan.target.steps == 24 and plan.target.batch_size == 16
+    report = (study / "report" / "index.html").read_text()
+    assert "Optimum against steps, batch size and depth" in report and (study / "report" / "axes.png").is_file()
