@@ -291,11 +291,6 @@ def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Ca
     ]
     if results.is_file():
         df = read_results(results)  # the one reader: identifiers stay text
-        if spec.sweep.axes is not None:  # the µTransfer plot is the width ladder's: arms have their own figure
-            from hptransfer.transfer.axes import at_base, axis_columns
-
-            base = {"steps": spec.sweep.steps, "batch_size": spec.sweep.batch_size, "depth": spec.model.depth}
-            df = df[at_base(axis_columns(df, base), base)]
         target_loss = final.get("val_loss") if final else None
         plot_transfer(df, spec, plan, target_loss, paths.report_transfer_png)
         parts.append(

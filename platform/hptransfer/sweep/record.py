@@ -30,6 +30,11 @@ def plot_sweep(df: pd.DataFrame, spec: StudySpec, path: str | Path, hp: str | No
     from hptransfer.io import save_figure
 
     hp = hp or next(iter(spec.sweep.grid))
+    if spec.sweep.axes is not None:  # the width ladder only: sweep.axes arms have the report's axes figure
+        from hptransfer.transfer.axes import at_base, axis_columns
+
+        base = {"steps": spec.sweep.steps, "batch_size": spec.sweep.batch_size, "depth": spec.model.depth}
+        df = df[at_base(axis_columns(df, base), base)]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ok = df[df.status == "ok"]
     cmap = plt.get_cmap("viridis", max(2, df.width.nunique()))
