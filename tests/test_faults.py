@@ -71,21 +71,25 @@ def test_a_torn_checkpoint_is_told_from_a_whole_one(tmp_path):
     assert ck.torn(legacy) is None
 
 
+# Ray Train names checkpoints by time; the names sort in time (their trailing digits do not).
+NAMES = [f"checkpoint_2026-12-04_18-46-{t}" for t in ("09.900000", "10.100000", "10.300000", "11.000000")]
+
+
 def test_newest_good_falls_back_to_the_previous_whole_checkpoint_never_a_newer_one(tmp_path):
     root = tmp_path / "ray_results" / "train"
-    c1, c2, c3 = (_checkpoint(root / f"checkpoint_00000{i}", os.urandom(800)) for i in (1, 2, 3))
-    unregistered = _checkpoint(root / "checkpoint_000004", os.urandom(800))  # newer than Ray's latest
+    c1, c2, c3 = (_checkpoint(root / name, os.urandom(800)) for name in NAMES[:3])
+    unregistered = _checkpoint(root / NAMES[3], os.urandom(800))  # newer than Ray's latest
     assert ck.newest_good(c3) == (c3, [])
     os.truncate(c3 / "state.pt", 10)
     os.truncate(c2 / "sub" / "optim.pt", 0)  # ext4 delayed allocation after a power loss: zero length
     folder, skipped = ck.newest_good(c3)
     assert folder == c1
     assert skipped == [
-        "checkpoint_000003: state.pt has 10 bytes, the manifest says 800",
-        "checkpoint_000002: sub/optim.pt has 0 bytes, the manifest says 800",
+        f"{NAMES[2]}: state.pt has 10 bytes, the manifest says 800",
+        f"{NAMES[1]}: sub/optim.pt has 0 bytes, the manifest says 800",
     ]
     os.truncate(c1 / "state.pt", 1)
-    assert ck.newest_good(c3) == (None, [*skipped, "checkpoint_000001: state.pt has 1 bytes, the manifest says 800"])
+    assert ck.newest_good(c3) == (None, [*skipped, f"{NAMES[0]}: state.pt has 1 bytes, the manifest says 800"])
     assert unregistered.exists()  # never considered
 
 
@@ -94,7 +98,7 @@ def test_the_worker_tells_the_user_which_checkpoint_it_resumes_from(tmp_path):
 
     kit = WorkerKit({}, _plan(), TrainPaths(tmp_path / "train"), rank=0, world=1)
     root = tmp_path / "train" / "ray_results" / "train"
-    c1, c2 = (_checkpoint(root / f"checkpoint_00000{i}", os.urandom(300)) for i in (1, 2))
+    c1, c2 = (_checkpoint(root / name, os.urandom(300)) for name in NAMES[:2])
     os.truncate(c2 / "state.pt", 7)
 
     class Restored:  # what ray.train.get_checkpoint() hands the loop: a path on shared storage
@@ -103,8 +107,8 @@ def test_the_worker_tells_the_user_which_checkpoint_it_resumes_from(tmp_path):
     folder, notes = kit.restorable(Restored())
     assert folder == c1
     assert notes == [
-        "train: checkpoint checkpoint_000002: state.pt has 7 bytes, the manifest says 300: torn (cut short while written), skipped",
-        "train: resuming from the previous whole checkpoint, checkpoint_000001",
+        f"train: checkpoint {NAMES[1]}: state.pt has 7 bytes, the manifest says 300: torn (cut short while written), skipped",
+        f"train: resuming from the previous whole checkpoint, {NAMES[0]}",
     ]
 
 
@@ -282,6 +286,13 @@ def test_what_mlflow_does_not_take_is_spooled_and_delivered_in_order(tmp_path):
     assert run.info.status == "FINISHED" and run.data.tags["hpt.note"] == "outage"
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "train_loss")] == [(1, 2.9), (2, 2.8), (3, 2.7)]
     assert [a.path for a in client.list_artifacts(run_id)] == ["train_metrics.json"]
+    assert ops[0]["why"].startswith("MlflowException") or "Connection" in ops[0]["why"], ops[0]["why"]
+    # A store that answers takes each write at once: nothing spooled.
+    up = Spooled(MlflowTracker(store, "faults", run_id=run_id), tmp_path / "up.jsonl", store)
+    up.set_tags({"hpt.after": "back"})
+    up.log_metrics({"final_val_loss": 2.5})
+    assert not (tmp_path / "up.jsonl").exists() and up.failures == 0
+    assert client.get_run(run_id).data.metrics["final_val_loss"] == 2.5
     # A store that is still down keeps everything, in order.
     (tmp_path / "again.jsonl").write_text(json.dumps({"run_id": uuid.uuid4().hex, "op": "end", "status": "KILLED"}) + "\n")
     assert not replay_unsent(tmp_path / "again.jsonl", f"http://127.0.0.1:{free_port()}")

@@ -211,21 +211,22 @@ class Spooled:
         self.failures = 0
 
     def _call(self, op: dict) -> None:
-        import json
-
+        op = {"run_id": self.run_id, **op}
         if self.spool.exists() and not replay_unsent(self.spool, self.tracking_uri):
-            self._keep(json, op)
+            self._keep(op, "an earlier write is still waiting")
             return
         try:
             _apply(self.tracker.client, op)
-        except Exception:
-            self._keep(json, op)
+        except Exception as e:
+            self._keep(op, f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
 
-    def _keep(self, json, op: dict) -> None:
+    def _keep(self, op: dict, why: str) -> None:
+        import json
+
         self.failures += 1
         self.spool.parent.mkdir(parents=True, exist_ok=True)
         with self.spool.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"run_id": self.run_id, **op}, default=str) + "\n")
+            f.write(json.dumps({**op, "why": why}, default=str) + "\n")
 
     def log_params(self, params):
         self._call({"op": "params", "params": {k: str(v)[:6000] for k, v in params.items()}})

@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import re
 import shutil
 from pathlib import Path
 
@@ -89,19 +88,12 @@ def torn(folder: Path) -> str | None:
     return None
 
 
-def _number(folder: Path) -> int:
-    m = re.search(r"(\d+)$", folder.name)
-    return int(m.group(1)) if m else -1
-
-
 def newest_good(restored: Path) -> tuple[Path | None, list[str]]:
-    """The newest whole checkpoint at or before `restored` (Ray Train's latest: its siblings named
-    `checkpoint_NNNNNN` are the older ones it kept), and one line per torn one skipped. Never a
-    newer sibling: one Ray Train did not register may be a half-finished copy."""
+    """The newest whole checkpoint at or before `restored` (Ray Train's latest: its siblings
+    `checkpoint_<time>` are the older ones it kept; the names sort in time), and one line per torn
+    one skipped. Never a newer sibling: one Ray Train did not register may be a half-finished copy."""
     candidates = [restored] + sorted(
-        (p for p in restored.parent.glob("checkpoint_*") if p.is_dir() and _number(p) < _number(restored)),
-        key=_number,
-        reverse=True,
+        (p for p in restored.parent.glob("checkpoint_*") if p.is_dir() and p.name < restored.name), reverse=True
     )
     skipped = []
     for folder in candidates:

@@ -255,7 +255,8 @@ class WorkerKit:
             f"train: stopped at step {step}/{self.plan.target.steps} on the driver's request (SIGTERM); "
             f"the checkpoint of step {self.last_step} is kept"
         )
-        progress.finish({**metrics, "status": "preempted"})
+        progress.checkpoint(self.last_step)
+        progress.finish({**metrics, "status": "preempted"})  # what the driver reads (Ray may not return this report)
         self.report({**metrics, "status": "preempted", "checkpoint_step": self.last_step}, folder)
 
     def write_metrics(self, body: dict[str, Any]) -> None:

@@ -97,8 +97,9 @@ def run_train(
     with ctx.ray_session():
         result = fit_on_ray_train(ctx, plan, train_loop_per_worker, loop_config, tracker)
     metrics = dict(result.metrics or {})
-    if metrics.get("status") == "preempted":
-        step, kept = metrics.get("step"), metrics.get("checkpoint_step")
+    stopped = _read_json(paths.progress)  # rank 0's own word: Ray Train may return an earlier report's metrics
+    if stopped.get("status") == "preempted":
+        step, kept = stopped.get("step"), stopped.get("checkpoint_step")
         tracker.set_tags({"hpt.preempted_at_step": step, "hpt.checkpoint_step": kept})
         tracker.end("KILLED")
         raise TrainingPreempted(
@@ -155,13 +156,19 @@ def train_tracker(ctx: StudyContext, plan: TransferPlan, *, tags: dict, params: 
     return spooled
 
 
-def _recorded_run(path: Path) -> str | None:
+def _read_json(path: Path) -> dict:
     import json
 
     try:
-        return str(json.loads(path.read_text())["run_id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _recorded_run(path: Path) -> str | None:
+    run_id = _read_json(path).get("run_id")
+    return str(run_id) if run_id else None
 
 
 def stop_on_sigterm(paths, log_line):
