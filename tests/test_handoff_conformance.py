@@ -4,7 +4,7 @@ The consumer (tests/consumer/train_from_handoff.py) runs in a fresh process that
 hptransfer: plain `from_pretrained`, `torch.optim.AdamW` from optimizer.json, transformers' own
 cosine schedule, the conformance batches. It must match losses.json within 1e-4 at every step, for
 µP Llama, µP GPT-2 (tied embeddings: saved untied), a µP Qwen2 with GQA, attention scale 1/d and
-gradient clipping, an SP plan with all groups 1, and sp-warmup's multiplicative warmup; and the same
+gradient clipping, a CompleteP Llama 2× deeper than its base depth, an SP plan with all groups 1, and sp-warmup's multiplicative warmup; and the same
 loop with every multiplier forced to 1 must not match (so the test can fail).
 """
 
@@ -62,6 +62,7 @@ PLANS = {
         },
         grad_clip=0.5,
     ),
+    "completep-llama": make_plan({**LLAMA, "depth": 4, "depth_parametrization": "completep", "base_depth": 2}),
     "sp": make_plan({**LLAMA, "parametrization": "sp"}, rule="power-law", output_mult=1.0),
     "sp-warmup": make_plan(
         {**LLAMA, "parametrization": "sp"}, rule="sp-warmup", schedule={"kind": "sp-warmup", "m": 4.0, "timescale": 3.0}

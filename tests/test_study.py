@@ -98,7 +98,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # `vocab` are what the spec's validation needs of the hf family and the tokenizer folder
     ("contracts", ("spec", "plan", "plan_diagnostics", "hyperparameters", "privacy", "context", "architectures", "vocab")),
     ("models and data", ("models", "data")),
-    ("stages", ("coordcheck", "sweep", "transfer", "handoff", "train", "dp", "report", "status", "deploy")),
+    ("stages", ("coordcheck", "coordcheck_depth", "sweep", "transfer", "handoff", "train", "dp", "report", "status", "deploy")),
     ("facade", ("pipeline", "study")),
     ("CLI", ("cli", "__main__")),  # and every `*/cli.py`
 ]

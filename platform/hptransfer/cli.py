@@ -82,20 +82,35 @@ def coord_check_cmd(
     widths: Optional[str] = typer.Option(
         None, help="Comma-separated widths. Default: spec's coord_check.widths or the sweep ladder."
     ),
+    depths: Optional[str] = typer.Option(
+        None, help="Comma-separated depths for the check over depth. Default: spec's coord_check.depths (none: no depth check)."
+    ),
 ):
-    """Train a few Adam steps at each width and check that activation sizes stay flat (µP) or not (SP).
-    Writes coord_check.png and coord_check.json; exits 1 when activations change with width."""
+    """Train a few Adam steps at each width and check that activation sizes stay flat (µP) or not (SP);
+    with depths, also check the residual stream against depth (depth_parametrization). Writes
+    coord_check.png/.json (and coord_check_depth.png/.json); exits 1 when a check fails."""
     from hptransfer.coordcheck import describe
-    from hptransfer.pipeline import coord_check_stage
+    from hptransfer.pipeline import coord_check_depth_stage, coord_check_stage
 
-    try:
-        ws = [int(w) for w in widths.split(",")] if widths else None
-    except ValueError:
-        fail(f"--widths must be comma-separated integers, got {widths!r}")
-    r = coord_check_stage(_study(spec, study_dir), widths=ws)
+    parsed = {}
+    for flag, text in (("--widths", widths), ("--depths", depths)):
+        try:
+            parsed[flag] = [int(w) for w in text.split(",")] if text else None
+        except ValueError:
+            fail(f"{flag} must be comma-separated integers, got {text!r}")
+    study = _study(spec, study_dir)
+    r = coord_check_stage(study, widths=parsed["--widths"])
     console.print(describe(r), markup=False)
     console.print(f"plot: {r.files['plot']}\nnumbers: {r.files['data']}", markup=False)
-    if not r.passed:
+    passed = r.passed
+    if parsed["--depths"] or study.require_spec().coord_check.depths:
+        from hptransfer.coordcheck_depth import describe as describe_depth
+
+        d = coord_check_depth_stage(study, depths=parsed["--depths"])
+        console.print(describe_depth(d), markup=False)
+        console.print(f"plot: {d.files['plot']}\nnumbers: {d.files['data']}", markup=False)
+        passed = passed and d.passed
+    if not passed:
         raise typer.Exit(1)
 
 

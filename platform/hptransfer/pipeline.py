@@ -39,6 +39,14 @@ def coord_check_stage(study: StudyContext, *, widths: list[int] | None = None):
         return coord_check(study, widths=widths)
 
 
+def coord_check_depth_stage(study: StudyContext, *, depths: list[int] | None = None):
+    """The coordinate check over depth (coordcheck_depth.py), when the spec or the caller names depths."""
+    from hptransfer.coordcheck_depth import coord_check_depth
+
+    with study.lock():
+        return coord_check_depth(study, depths=depths)
+
+
 def sweep_stage(study: StudyContext, *, restart: bool = False, log=print) -> SweepOutcome:
     from hptransfer.sweep.record import log_sweep, plot_sweep
     from hptransfer.sweep.runner import run_sweep

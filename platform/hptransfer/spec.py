@@ -148,6 +148,15 @@ class ModelSpec(_Strict):
         le=10_000_000,
         description="Vocabulary size. Default: data.tokenizer's (256 for `byte`), filled in when the spec is loaded; a larger value pads the embedding.",
     )
+    depth_parametrization: Literal["none", "depth-mup", "completep"] = Field(
+        "none",
+        description="How residual branches, hidden LRs and Adam's ε scale with depth L relative to `base_depth` "
+        "(hptransfer.models.depth): `none` (standard residuals), `depth-mup` (branch ×(L/L_base)^-1/2, hidden LR "
+        "×(L/L_base)^-1/2) or `completep` (branch ×L_base/L, hidden LR unchanged; arXiv 2505.01618). llama and hf only.",
+    )
+    base_depth: int | None = Field(
+        None, ge=1, le=10_000, description="Depth the depth parametrization is relative to. Default: `depth`."
+    )
 
     @field_validator("config", mode="before")
     @classmethod
@@ -160,6 +169,11 @@ class ModelSpec(_Strict):
 
     @model_validator(mode="after")
     def _family(self) -> ModelSpec:
+        if self.family == "mlp" and self.depth_parametrization != "none":
+            raise ValueError(
+                f"model.depth_parametrization={self.depth_parametrization!r} needs residual blocks whose branches end in a "
+                "linear layer (family llama or hf); the mlp family's blocks end in a GELU: use depth_parametrization: none"
+            )
         if self.family != "hf":
             given = [k for k in ("config", "n_heads") if getattr(self, k) is not None]
             given += ["attn_scale"] if self.attn_scale != "1/sqrt(d)" else []
@@ -410,7 +424,6 @@ class SweepSpec(_Strict):
         "each with the LR grid and the replicate seeds, for the laws of the optimal LR across horizon and batch.",
     )
 
-
     @field_validator("widths")
     @classmethod
     def _increasing(cls, v: list[int]) -> list[int]:
@@ -490,7 +503,6 @@ class TransferSpec(_Strict):
     )
 
 
-
 class TargetSpec(_Strict):
     width: int = Field(..., ge=1, le=MAX_WIDTH, description="Width of the large model.")
     steps: int | None = Field(None, ge=1, le=MAX_STEPS, description="Training steps of the large run. Default: the sweep's.")
@@ -556,12 +568,24 @@ class CoordCheckSpec(_Strict):
     max_slope: float = Field(
         0.25, gt=0, description="Fail when log(activation size) changes faster than this power of width (growing or shrinking)."
     )
+    depths: list[int] | None = Field(
+        None,
+        min_length=2,
+        description="Also check over depth at the base width (hptransfer.coordcheck_depth): the residual stream's change "
+        "after a few Adam steps against these depths. Default: no depth check.",
+    )
+    max_depth_slope: float = Field(
+        0.5,
+        gt=0,
+        description="Fail the depth check when the residual stream's change grows or shrinks faster than this power of "
+        "depth (standard residuals: ≈ 1; depth-mup and completep: ≈ 0).",
+    )
 
-    @field_validator("widths")
+    @field_validator("widths", "depths")
     @classmethod
-    def _positive(cls, v: list[int] | None) -> list[int] | None:
+    def _positive(cls, v: list[int] | None, info) -> list[int] | None:
         if v is not None and any(w <= 0 for w in v):
-            raise ValueError(f"widths must be positive, got {v}")
+            raise ValueError(f"{info.field_name} must be positive, got {v}")
         return v
 
 
@@ -696,6 +720,14 @@ def _unset_later_fields(spec: StudySpec) -> dict:
     """Fields added after studies existed, left out of the hashes while they hold their default, so
     an existing study's hashes (its results table's `spec_hash`, its trial markers) stay the same."""
     out: dict[str, set[str]] = {}
+    for section, name, default in (  # issue 24
+        ("model", "depth_parametrization", "none"),
+        ("model", "base_depth", None),
+        ("coord_check", "depths", None),
+        ("coord_check", "max_depth_slope", 0.5),
+    ):
+        if getattr(getattr(spec, section), name) == default:
+            out.setdefault(section, set()).add(name)
     for section in ("sweep", "train"):
         if getattr(spec, section).precision == DEFAULT_PRECISION:
             out.setdefault(section, set()).add("precision")

@@ -89,6 +89,7 @@ def fold(model: nn.Module, optimizer: torch.optim.Optimizer, lr: float, weight_d
     from hptransfer.models.handoff import _query_rows, readout_scale
 
     lr_of = {id(p): g["lr"] / lr for g in optimizer.param_groups for p in g["params"]}
+    eps_of = {id(p): g["eps"] / ADAM_EPS for g in optimizer.param_groups for p in g["params"]}  # depth rules scale ε
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else model.lm_head
     kind, output_mult, width_mult = readout_scale(head)
     alpha_head = output_mult / width_mult
@@ -140,7 +141,7 @@ def fold(model: nn.Module, optimizer: torch.optim.Optimizer, lr: float, weight_d
     for n in dict(twin.named_parameters()):
         src = named[n]
         a = alpha[n]
-        mults[n] = (lr_of[id(src)] * a, weight_decay_mults[id(src)] / a, 1.0 / a)
+        mults[n] = (lr_of[id(src)] * a, weight_decay_mults[id(src)] / a, eps_of[id(src)] / a)
     notes = []
     if untie:
         notes.append(
@@ -193,13 +194,14 @@ def fold_plan_target(plan: Any) -> tuple[Folded, OptimizerSpec]:
     """The plan's target at step 0 (the large run's seed, init and µP base shapes) folded into a plain
     model, with its optimizer.json."""
     from hptransfer.models import build_model, build_optimizer
+    from hptransfer.models.depth import depth_scaling
     from hptransfer.models.setup import weight_decay_scaling
 
     hps = plan.hps
     model = build_model(plan.model, plan.target.width, base_width=plan.base_width, hps=hps, seed=plan.seed)
-    scaling = weight_decay_scaling(plan.rule)
-    opt = build_optimizer(model, plan.model.parametrization, hps, scaling)
-    unit = build_optimizer(model, plan.model.parametrization, hps.model_copy(update={"weight_decay": 1.0}), scaling)
+    scaling, depth = weight_decay_scaling(plan.rule), depth_scaling(plan.model)
+    opt = build_optimizer(model, plan.model.parametrization, hps, scaling, depth)
+    unit = build_optimizer(model, plan.model.parametrization, hps.model_copy(update={"weight_decay": 1.0}), scaling, depth)
     wd = {id(p): g["weight_decay"] for g in unit.param_groups for p in g["params"]}
     folded = fold(model, opt, hps.lr, wd)
     return folded, optimizer_spec(folded, plan)

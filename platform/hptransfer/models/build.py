@@ -157,6 +157,10 @@ def build_model(
     if mup:
         _set_base_shapes(model, spec, base_width, rescale_params=True)
     _init(model, hps.init_std, base_width, mup)
+    from hptransfer.models.depth import depth_scaling, scale_branch_init
+
+    if (depth := depth_scaling(spec)) is not None and not depth.identity:
+        scale_branch_init(model, depth)  # the depth rule's branch multiplier, folded into the initial weights
     if spec.family == "hf":
         from hptransfer.models.families import apply_attn_scale
 

@@ -9,12 +9,16 @@ Weight decay applies to matrices only (not norms or biases), the usual LLM pract
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from hptransfer.hyperparameters import Hyperparameters
 from hptransfer.spec import WeightDecayScaling
+
+if TYPE_CHECKING:
+    from hptransfer.models.depth import DepthScaling
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -30,13 +34,31 @@ FINAL_LR_FRACTION = 0.1  # the cosine schedule's floor, as a fraction of the pea
 
 
 def build_optimizer(
-    model: nn.Module, parametrization: str, hps: Hyperparameters, weight_decay_scaling: WeightDecayScaling = "independent"
+    model: nn.Module,
+    parametrization: str,
+    hps: Hyperparameters,
+    weight_decay_scaling: WeightDecayScaling = "independent",
+    depth: DepthScaling | None = None,
 ) -> torch.optim.Optimizer:
     """AdamW (µP: MuAdamW) with the hyperparameters' lr, weight_decay, beta1 and beta2.
 
     µP's weight decay on hidden matrices: `independent` (MuAdamW's own: λ·m, so η·λ is constant in
     width) or `standard` (λ unchanged while η/m shrinks η·λ: the variant paper 3, arXiv 2510.19093,
-    compares against; rule `mup-standard-wd`)."""
+    compares against; rule `mup-standard-wd`).
+
+    `depth`: the depth parametrization's per-parameter LR / weight-decay / ε factors (models/depth.py,
+    in the folded form `build_model` initialised), applied on top."""
+    opt = _width_optimizer(model, parametrization, hps, weight_decay_scaling)
+    if depth is None or depth.identity:
+        return opt
+    from hptransfer.models.depth import param_factors, rescale_optimizer
+
+    return rescale_optimizer(opt, param_factors(model, depth))
+
+
+def _width_optimizer(
+    model: nn.Module, parametrization: str, hps: Hyperparameters, weight_decay_scaling: WeightDecayScaling
+) -> torch.optim.Optimizer:
     groups = param_groups(model, hps.weight_decay)
     kw = {"lr": hps.lr, "betas": (hps.beta1, hps.beta2), "eps": ADAM_EPS}
     if parametrization != "mup":

@@ -20,6 +20,7 @@ from torch import nn
 
 from hptransfer.hyperparameters import Hyperparameters
 from hptransfer.models.build import build_model
+from hptransfer.models.depth import depth_scaling
 from hptransfer.models.optim import build_optimizer, lr_schedule
 from hptransfer.spec import ModelSpec, WeightDecayScaling, rule_training
 
@@ -62,7 +63,7 @@ def training_setup(
     `extra_lr_factor` multiplies the schedule (a rule's multiplicative warmup, e.g. `sp-warmup`);
     `rule` selects what the rule changes in training: µP's weight-decay scaling (spec.RULE_TRAINING)."""
     model = build_model(model_spec, width, base_width=base_width, hps=hps, seed=seed)
-    optimizer = build_optimizer(model, model_spec.parametrization, hps, weight_decay_scaling(rule))
+    optimizer = build_optimizer(model, model_spec.parametrization, hps, weight_decay_scaling(rule), depth_scaling(model_spec))
 
     def lr_factor(step: int) -> float:
         base = lr_schedule(step, total_steps, hps.warmup_steps)
