@@ -70,7 +70,7 @@ def test_the_folded_form_trains_as_the_explicit_branch_multiplier(family, dp):
 
     apply_infshapes(explicit, get_infshapes(folded))  # deepcopy drops `infshape`
     explicit_multipliers(explicit, s)
-    hidden_only = {k: (s.hidden_lr, 1.0, s.hidden_eps) for k in param_factors(explicit, s)}  # the rule without the fold
+    hidden_only = dict.fromkeys(param_factors(explicit, s), (s.hidden_lr, 1.0, s.hidden_eps))  # the rule without the fold
     opts = [
         build_optimizer(folded, "mup", HPS, depth=s),
         rescale_optimizer(build_optimizer(explicit, "mup", HPS), hidden_only),
