@@ -585,6 +585,18 @@ def test_rayjob_has_the_issue_fields() -> None:
     assert "nvidia.com/gpu" not in cpu["template"]["spec"]["containers"][0]["resources"]["limits"]
 
 
+def test_ray_pods_have_the_grace_a_preempted_large_run_needs_for_its_checkpoint() -> None:
+    """SIGTERM → SIGKILL after terminationGracePeriodSeconds on every Ray pod; on the head, Ray's job
+    supervisor waits RAY_JOB_STOP_WAIT_TIME_S after its SIGTERM to the driver, inside that grace."""
+    for overlay in OVERLAYS:
+        cluster = one(objects(overlay), "RayJob")["spec"]["rayClusterSpec"]
+        head = cluster["headGroupSpec"]["template"]["spec"]
+        pods = [head] + [g["template"]["spec"] for g in cluster["workerGroupSpecs"]]
+        assert [p["terminationGracePeriodSeconds"] for p in pods] == [render.STOP_GRACE_S] * len(pods)
+        env = {e["name"]: e["value"] for e in head["containers"][0]["env"]}
+        assert 0 < int(env["RAY_JOB_STOP_WAIT_TIME_S"]) < render.STOP_GRACE_S
+
+
 def test_base_is_what_render_produces() -> None:
     """k8s/base/rayjob.yaml (spec ConfigMap + RayJob) and raycluster.yaml are render.py's output
     for search_spaces/quickstart.yaml, not hand edits."""

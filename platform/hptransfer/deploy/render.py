@@ -51,6 +51,14 @@ DEFAULT_TRACKING_URI = "http://mlflow:5000"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # A ConfigMap holds at most 1 MiB in all; keep room for its metadata.
 MAX_SPEC_BYTES = 1_000_000
+# Preemption: Kubernetes sends SIGTERM and waits terminationGracePeriodSeconds before SIGKILL; a
+# stopped Ray job's driver gets SIGTERM from Ray's job supervisor, which waits
+# RAY_JOB_STOP_WAIT_TIME_S (default 3 s) before SIGKILL. The large run's driver needs one step and
+# one checkpoint (train.stop_checkpoint_after_s): a DeepSpeed checkpoint of a 1B-parameter model with
+# Adam is ~16 GB, ~2-3 min to a network volume at 100-150 MB/s, so 5 minutes of grace, of which the
+# job supervisor waits all but 30 s (the rest is Ray's own shutdown).
+STOP_GRACE_S = 300
+JOB_STOP_WAIT_S = STOP_GRACE_S - 30
 
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # A Kubernetes label value: at most 63, alphanumerics at both ends, `-_.` inside.
@@ -228,7 +236,14 @@ def _labels(component: str, study: str | None, **extra: str) -> dict[str, str]:
 
 
 def _ray_pod(
-    shape: ClusterShape, study: str | None, *, role: str, container: dict[str, Any], gpus: int, spec_configmap: str | None = None
+    shape: ClusterShape,
+    study: str | None,
+    *,
+    role: str,
+    container: dict[str, Any],
+    gpus: int,
+    spec_configmap: str | None = None,
+    env: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     mounts = [
         {"name": "tmp", "mountPath": "/tmp"},
@@ -247,11 +262,12 @@ def _ray_pod(
     container = {
         **container,
         "image": shape.image,
-        "env": _env(shape),
+        "env": _env(shape) + (env or []),
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
     }
     spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": STOP_GRACE_S,  # room for the large run's last checkpoint
         "serviceAccountName": SERVICE_ACCOUNT,
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(),
@@ -272,6 +288,8 @@ def ray_cluster_spec(shape: ClusterShape, study: str | None = None, spec_configm
         role="head",
         gpus=0,
         spec_configmap=spec_configmap,
+        # The job supervisor runs on the head: `ray job stop` gives the driver this long after SIGTERM.
+        env=[{"name": "RAY_JOB_STOP_WAIT_TIME_S", "value": str(JOB_STOP_WAIT_S)}],
         container={
             "name": "ray-head",
             "ports": [
