@@ -9,12 +9,18 @@ so any layer can hold a tracker.
   appended to a file in the study folder and delivered, in order, by the next write that succeeds
   or by `replay_unsent` (`hpt status --replay-mlflow`);
 - `find_study_run`, a study's run of one kind (its sweep parent run), found by tags.
+- `client`, MLflow's client for a tracking URI; a new SQLite store starts as a copy of an empty,
+  already-migrated one (`seed_sqlite_store`), not MLflow's ~50 schema migrations (4-17 s on 2 cores).
 
 The parent/child logger every sweep uses is the sweep stage's (`hptransfer.sweep.record.log_sweep_runs`)."""
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -70,6 +76,72 @@ class NullTracker:
         pass
 
 
+def client(tracking_uri: str):
+    """MLflow's client for `tracking_uri`; a SQLite store not yet made is seeded first (below)."""
+    from mlflow import MlflowClient
+
+    seed_sqlite_store(tracking_uri)
+    return MlflowClient(tracking_uri)
+
+
+# A new SQLite store: MLflow creates its tables and then runs every schema migration (~50 in 3.x:
+# 4-17 s on 2 cores, paid by every new study). The same file, made once per MLflow version and
+# kept beside the interpreter (as hptransfer.env keeps DeepSpeed's built ops), is copied instead.
+# It is MLflow's own empty store with its one row of data, the "Default" experiment, removed: that
+# row holds the creating process's working directory and time, and MLflow recreates it, as for any
+# store, when it opens one without it. MLflow still checks the copy's schema revision on opening.
+STORE_CACHE = Path(sys.prefix) / "hpt_cache"
+
+
+def seed_sqlite_store(tracking_uri: str) -> bool:
+    """Put an empty, migrated MLflow store at a `sqlite:///PATH` URI whose file does not exist yet
+    (its folder does); True when it did. Any other URI, an existing file, or a cache that cannot be
+    written leaves the store to MLflow, as without this."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix) or "?" in tracking_uri:
+        return False
+    dest = Path(tracking_uri[len(prefix) :])
+    if not dest.name or dest.exists() or not dest.parent.is_dir():
+        return False
+    try:
+        template = _empty_store()
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        shutil.copyfile(template, tmp)
+        try:
+            os.link(tmp, dest)  # atomic, and never over a store another process made meanwhile
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+    except (OSError, sqlite3.Error):
+        return False
+    return True
+
+
+def _empty_store() -> Path:
+    """The cached empty store for the installed MLflow, made on first use (atomically)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    path = STORE_CACHE / f"mlflow-{mlflow.__version__}-empty.db"
+    if path.is_file():
+        return path
+    STORE_CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = STORE_CACHE / f".build-{os.getpid()}-{time.time_ns()}.db"
+    try:
+        MlflowClient(f"sqlite:///{tmp}").search_experiments()  # creates and migrates it
+        con = sqlite3.connect(tmp)
+        try:
+            with con:
+                con.execute("DELETE FROM experiments")
+        finally:
+            con.close()
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 class MlflowTracker:
     """One MLflow run, used through the client (no global active-run state across processes)."""
 
@@ -82,9 +154,7 @@ class MlflowTracker:
         parent_run_id: str | None = None,
         run_id: str | None = None,
     ):
-        from mlflow import MlflowClient
-
-        self.client = MlflowClient(tracking_uri)
+        self.client = client(tracking_uri)
         if run_id:
             self.run_id = run_id
             return
@@ -172,13 +242,11 @@ class BatchedMetrics:
 
 def find_study_run(tracking_uri: str, experiment: str, study_root: str | Path, kind: str) -> str | None:
     """The run id of the study's run of `kind` (tags `hpt.study_dir`, `hpt.kind`), or None."""
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri)
-    exp = client.get_experiment_by_name(experiment)
+    c = client(tracking_uri)
+    exp = c.get_experiment_by_name(experiment)
     if not exp:
         return None
-    runs = client.search_runs(
+    runs = c.search_runs(
         [exp.experiment_id], filter_string=f"tags.`{TAG_STUDY}` = '{study_root}' and tags.`{TAG_KIND}` = '{kind}'"
     )
     return runs[0].info.run_id if runs else None
@@ -310,16 +378,14 @@ def describe_unsent(ops: list[dict]) -> str:
 def replay_unsent(spool: str | Path, tracking_uri: str) -> bool:
     """Deliver the spooled operations in order; True when none is left (the file is removed).
     Stops at the first that fails and keeps it and the rest (rewritten atomically)."""
-    from mlflow import MlflowClient
-
     from hptransfer.io import write_atomic
 
     spool = Path(spool)
     ops = read_unsent(spool)
-    client = MlflowClient(tracking_uri)
+    c = client(tracking_uri)
     for i, op in enumerate(ops):
         try:
-            _apply(client, op)
+            _apply(c, op)
         except Exception:
             import json
 

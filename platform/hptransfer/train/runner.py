@@ -126,9 +126,7 @@ def train_tracker(ctx: StudyContext, plan: TransferPlan, *, tags: dict, params: 
     preemption or a killed driver) logs into the run recorded in train/mlflow_run.json, set back
     to RUNNING, so a study has one run per large run: none duplicated, none left RUNNING. What an
     earlier outage left unsent is delivered first."""
-    from mlflow import MlflowClient
-
-    from hptransfer.tracking import Spooled, describe_unsent, fail_quickly, read_unsent, replay_unsent
+    from hptransfer.tracking import Spooled, client, describe_unsent, fail_quickly, read_unsent, replay_unsent
 
     paths = ctx.paths.train
     fail_quickly()
@@ -137,9 +135,9 @@ def train_tracker(ctx: StudyContext, plan: TransferPlan, *, tags: dict, params: 
         ok = replay_unsent(paths.mlflow_unsent, ctx.tracking_uri)
         log(f"MLflow: {'delivered' if ok else 'still could not deliver'} what an earlier outage left unsent: {what}")
     run_id = _recorded_run(paths.mlflow_run)
-    client = MlflowClient(ctx.tracking_uri)
+    mlflow_client = client(ctx.tracking_uri)
     try:
-        logged = client.get_run(run_id).data.params if run_id else None
+        logged = mlflow_client.get_run(run_id).data.params if run_id else None
     except Exception:  # not in this tracking store (another --tracking-uri): a new run
         logged = None
     if logged is None:
@@ -148,7 +146,7 @@ def train_tracker(ctx: StudyContext, plan: TransferPlan, *, tags: dict, params: 
         logged = {}
     else:
         tracker = ctx.tracker(run_id=run_id)
-        client.update_run(run_id, status="RUNNING")
+        mlflow_client.update_run(run_id, status="RUNNING")
         log(f"MLflow: continuing run {run_id}")
     spooled = Spooled(tracker, paths.mlflow_unsent, ctx.tracking_uri)
     # A parameter is logged once (MLflow refuses a changed value): a resume with another scale knob keeps the first.
