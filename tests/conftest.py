@@ -143,6 +143,9 @@ def hpt_run_study(tmp_path_factory) -> dict:
 def mlflow_server(tmp_path_factory):
     """A real `mlflow server` on loopback (lean: one worker, no job execution)."""
     root = tmp_path_factory.mktemp("mlflow_server")
+    from hptransfer.tracking import seed_sqlite_store
+
+    seed_sqlite_store(f"sqlite:///{root}/mlflow.db")  # MLflow's empty store, migrated once (test_mlflow_store.py)
     port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen(
