@@ -303,7 +303,6 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
                     for s in spec.sweep.seeds
                     for g in itertools.product(*spec.sweep.grid.values())
                 ]
-        axes = {**axes, **{a: sorted({p[a] for p in points}) for a in base}}
     replicate_seeds = [max(spec.sweep.seeds) + 1 + i for i in range(spec.sweep.noise_seeds)]
     searcher = LadderSearcher(
         points,
@@ -342,7 +341,7 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
         planned=len(points) + spec.sweep.n_arms * len(replicate_seeds),
         note=(f" + {len(replicate_seeds)} replicate seeds at each width's best point" if replicate_seeds else "")
         + (
-            f"; {spec.sweep.n_arms - len(widths)} of the width-{spec.axes_width} points are sweep.axes arms"
+            f"; plus {spec.sweep.n_arms - len(widths)} sweep.axes arms at width {spec.axes_width}, each with the grid and its own replicates"
             if spec.sweep.axes
             else ""
         ),
