@@ -51,9 +51,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     start, history = client.get("step", 0), client.get("history", [])
     kit.checkpointed(start, restored)
     tracker = kit.tracker(resumed_from=start if restored else None)
+    Progress.say(kit.paths, notes, enabled=kit.rank == 0)  # torn checkpoints skipped, before "resumed from"
     progress = Progress(kit.paths, steps, start, enabled=kit.rank == 0)  # lines the driver prints; progress.json
-    for note in notes:
-        progress.line(note)
 
     # A run resumed at its last step trains no more; its final metrics are those of that step.
     t0, tokens, status = time.perf_counter(), 0, "ok"

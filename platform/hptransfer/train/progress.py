@@ -38,9 +38,14 @@ class Progress:
             self.line(f"train: resumed from the checkpoint at step {start}/{total}")
 
     def line(self, text: str) -> None:
-        if self.enabled:
-            with self.paths.progress_log.open("a", encoding="utf-8") as f:
-                f.write(text + "\n")
+        Progress.say(self.paths, [text], enabled=self.enabled)
+
+    @staticmethod
+    def say(paths: TrainPaths, lines: list[str], *, enabled: bool = True) -> None:
+        """Append lines to progress.log (the driver prints them), as rank 0."""
+        if enabled and lines:
+            with paths.progress_log.open("a", encoding="utf-8") as f:
+                f.write("".join(t + "\n" for t in lines))
 
     def _write(self, **fields) -> None:
         if self.enabled:
