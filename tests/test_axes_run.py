@@ -1,5 +1,5 @@
 """`hpt run` with sweep.axes end to end (issue 23): the ladder's arms at other horizons and batches
-run in the same Tune sweep, the table carries steps/batch_size/depth/noise_scale, the plan composes
+(and a depth, issue 24) run in the same Tune sweep, the table carries steps/batch_size/depth/noise_scale, the plan composes
 the axis laws, and the report draws them. One small run: MLP widths 16, 32, 3 LRs, 12 steps."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from conftest import tiny_spec_dict
 def test_hpt_run_with_axes_end_to_end(tmp_path):
     d = tiny_spec_dict(
         name="axes",
-        sweep={"axes": {"width": 16, "steps": [6, 24], "batch_size": [4], "noise_scale_batches": 2}},
-        target={"width": 64, "steps": 24, "batch_size": 16},
+        sweep={"axes": {"width": 16, "steps": [6, 24], "batch_size": [4], "depth": [3], "noise_scale_batches": 2}},
+        target={"width": 64, "steps": 24, "batch_size": 16, "depth": 4},
         train={"workers": 1, "eval_every": 12},
     )
     spec = tmp_path / "axes.yaml"
@@ -35,16 +35,20 @@ def test_hpt_run_with_axes_end_to_end(tmp_path):
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
     df = pd.read_csv(study / "sweep_results.csv")
-    # 2 widths + 3 arms at width 16, 3 LRs each.
-    assert len(df) == 5 * 3
-    arms = df[(df.width == 16)].groupby(["steps", "batch_size"]).size().to_dict()
-    assert arms == {(6, 8): 3, (12, 4): 3, (12, 8): 3, (24, 8): 3}
-    assert (df.depth == 2).all() and df.loc[df.status == "ok", "steps_done"].equals(df.loc[df.status == "ok", "steps"])
+    # 2 widths + 4 arms at width 16 (two horizons, a batch, a depth), 3 LRs each.
+    assert len(df) == 6 * 3
+    arms = df[(df.width == 16)].groupby(["steps", "batch_size", "depth"]).size().to_dict()
+    assert arms == {(6, 8, 2): 3, (12, 4, 2): 3, (12, 8, 2): 3, (24, 8, 2): 3, (12, 8, 3): 3}
+    assert df.loc[df.status == "ok", "steps_done"].equals(df.loc[df.status == "ok", "steps"])
     assert df.loc[df.status == "ok", "noise_scale"].notna().any()
     plan = load_plan(study / "transfer_plan.yaml")
     laws = plan.axes["laws"]
     assert laws["steps"]["values"] == [6, 12, 24] and laws["steps"]["verdict"] in ("fitted", "cannot tell")
     assert laws["batch_size"]["values"] == [4, 8] or laws["batch_size"]["verdict"] == "cannot tell"
     assert plan.target.steps == 24 and plan.target.batch_size == 16
+    # The depth arm (issue 24): a law from two depths, and a target deeper than both under standard residuals is warned.
+    assert laws["depth"]["values"] == [2, 3] and laws["depth"]["verdict"] == "undecided"
+    assert (plan.model.depth, plan.model.base_depth) == (4, 2)
+    assert any("deeper than every depth the ladder ran (max 3)" in w for w in plan.diagnostics.warnings)
     report = (study / "report" / "index.html").read_text()
     assert "Optimum against steps, batch size and depth" in report and (study / "report" / "axes.png").is_file()

@@ -132,3 +132,36 @@ def test_depth_fields_at_their_defaults_keep_old_hashes():
     assert sweep_hash(same) == sweep_hash(base) and spec_hash(same) == spec_hash(base)
     assert sweep_hash(other) != sweep_hash(base)
     assert "depth_parametrization" not in base.model_dump_json(exclude={"model": {"depth_parametrization"}})
+
+
+def _axes_table():
+    import numpy as np
+
+    from hptransfer.transfer.synthetic import synthetic_axes_sweep
+
+    grid = list(3e-3 * 2 ** (0.5 * np.arange(-6, 7)))
+    base = {"steps": 100, "batch_size": 16, "depth": 2}
+    return synthetic_axes_sweep([32, 64, 128], grid, base=base, arms={}, exponents={}, noise=0.003, seeds=(0, 1), rng_seed=0)
+
+
+def test_a_target_deeper_than_the_ladder_is_warned_under_none_and_keeps_its_base_depth_under_completep():
+    from hptransfer.models.depth import depth_scaling
+    from hptransfer.transfer.engine import make_plan, standalone_spec
+
+    df = _axes_table()
+    none = make_plan(standalone_spec(df, rule="mup", target_width=1024, target_depth=16, model={"family": "llama"}), df)
+    warn = [w for w in none.diagnostics.warnings if "deeper than every depth" in w]
+    assert warn and "depth_parametrization: completep" in warn[0]
+    model = {"family": "llama", "depth_parametrization": "completep"}
+    cp = make_plan(standalone_spec(df, rule="mup", target_width=1024, target_depth=16, model=model), df)
+    assert not any("deeper than every depth" in w for w in cp.diagnostics.warnings)
+    assert (cp.model.depth, cp.model.base_depth) == (16, 2)  # the rule stays relative to the ladder's depth
+    assert depth_scaling(cp.model).branch == pytest.approx(2 / 16)
+    assert cp.axes["laws"]["depth"]["verdict"] == "cannot tell" and "2505.01618" in cp.axes["laws"]["depth"]["prior_source"]
+
+
+def test_depth_arms_are_counted_and_the_ladder_depth_is_refused_among_them():
+    spec = parse_spec(tiny_spec_dict(model={"family": "llama"}, sweep={"axes": {"depth": [4, 8]}}))
+    assert spec.sweep.n_arms == 2 + 2 and spec.model.at_depth(8).base_depth == 2
+    with pytest.raises(SpecError, match=r"sweep.axes.depth.*model.depth=2"):
+        parse_spec(tiny_spec_dict(model={"family": "llama"}, sweep={"axes": {"depth": [2, 4]}}))

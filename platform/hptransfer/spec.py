@@ -193,6 +193,12 @@ class ModelSpec(_Strict):
             raise ValueError("; ".join(problems))
         return self
 
+    def at_depth(self, depth: int | None) -> ModelSpec:
+        """This model with `depth` blocks, its depth rule still relative to this model's base depth."""
+        if depth is None or depth == self.depth:
+            return self
+        return self.model_copy(update={"depth": depth, "base_depth": self.base_depth or self.depth})
+
     @property
     def vocab(self) -> int:
         """The vocabulary the model is built with."""
@@ -351,6 +357,11 @@ class AxesSpec(_Strict):
         description="Batch sizes (sequences) swept besides sweep.batch_size, e.g. [8, 32, 64]: the law of the optimal LR "
         "against the batch.",
     )
+    depth: list[int] = Field(
+        default_factory=list,
+        description="Depths (blocks) swept besides model.depth, e.g. [4, 8]: the law of the optimal LR against depth, "
+        "flat by construction under model.depth_parametrization: completep (hptransfer.models.depth).",
+    )
     noise_scale_batches: int = Field(
         4,
         ge=0,
@@ -359,10 +370,10 @@ class AxesSpec(_Strict):
         "(the critical batch; the plan warns when the target's batch is beyond it); 0: not measured.",
     )
 
-    @field_validator("steps", "batch_size")
+    @field_validator("steps", "batch_size", "depth")
     @classmethod
     def _values(cls, v: list[int], info) -> list[int]:
-        top = MAX_STEPS if info.field_name == "steps" else 1_000_000
+        top = {"steps": MAX_STEPS, "batch_size": 1_000_000, "depth": 1024}[info.field_name]
         if bad := [x for x in v if not 1 <= x <= top]:
             raise ValueError(f"values {bad} are outside 1..{top:,}; give positive {info.field_name} values")
         if len(set(v)) != len(v):
@@ -371,8 +382,10 @@ class AxesSpec(_Strict):
 
     @model_validator(mode="after")
     def _some(self) -> AxesSpec:
-        if not self.steps and not self.batch_size:
-            raise ValueError("sweep.axes sweeps nothing: give `steps: [...]` and/or `batch_size: [...]`, or remove it")
+        if not self.steps and not self.batch_size and not self.depth:
+            raise ValueError(
+                "sweep.axes sweeps nothing: give `steps: [...]`, `batch_size: [...]` and/or `depth: [...]`, or remove it"
+            )
         return self
 
 
@@ -476,12 +489,13 @@ class SweepSpec(_Strict):
     @property
     def n_arms(self) -> int:
         """Width-ladder points plus the axes' extra (steps or batch_size) arms."""
-        extra = 0 if self.axes is None else len(self.axes_values("steps")) + len(self.axes_values("batch_size"))
+        extra = 0 if self.axes is None else sum(len(self.axes_values(a)) for a in ("steps", "batch_size", "depth"))
         return len(self.widths) + extra
 
     def axes_values(self, axis: str) -> list[int]:
-        """The axis's values swept besides the ladder's own (`sweep.steps` / `sweep.batch_size`)."""
-        return [v for v in getattr(self.axes, axis, None) or [] if v != getattr(self, axis)]
+        """The axis's values swept besides the ladder's own (`sweep.steps` / `sweep.batch_size`; depth: the spec
+        refuses model.depth among them)."""
+        return [v for v in getattr(self.axes, axis, None) or [] if v != getattr(self, axis, None)]
 
     @property
     def n_trials(self) -> int:
@@ -631,6 +645,11 @@ class StudySpec(_Strict):
         ax = self.sweep.axes
         if ax is not None and ax.width is not None and ax.width not in self.sweep.widths:
             errs.append(f"sweep.axes.width={ax.width} is not one of sweep.widths {self.sweep.widths}; pick a swept width")
+        if ax is not None and self.model.depth in ax.depth:
+            errs.append(
+                f"sweep.axes.depth={ax.depth} lists model.depth={self.model.depth}, the ladder's own depth; leave it out "
+                "(the width ladder runs it)"
+            )
         if self.model.base_width is not None and self.model.base_width > self.sweep.widths[0]:
             errs.append(f"model.base_width={self.model.base_width} exceeds the narrowest width {self.sweep.widths[0]}")
         if self.transfer.rule not in RULE_NAMES:

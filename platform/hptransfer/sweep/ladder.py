@@ -26,7 +26,7 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
-ARM_KEYS = ("steps", "batch_size")  # a sweep.axes arm: a width's grid at another horizon or batch
+ARM_KEYS = ("steps", "batch_size", "depth")  # a sweep.axes arm: a width's grid at another horizon, batch or depth
 
 
 def arm_of(point: dict) -> tuple:

@@ -269,7 +269,7 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
             axes_cols = {
                 "steps": int(c.get("steps", steps)),
                 "batch_size": int(c.get("batch_size", spec.sweep.batch_size)),
-                "depth": spec.model.depth,
+                "depth": int(c.get("depth", spec.model.depth)),
                 "noise_scale": float(m.get("noise_scale", math.nan)),
             }
         return {
@@ -295,7 +295,7 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
         # The ladder's points at its own (steps, batch_size), then each axis value's arm at one width.
         base = {"steps": steps, "batch_size": spec.sweep.batch_size}
         points = [{**p, **base} for p in points]
-        for axis in ("steps", "batch_size"):
+        for axis in ("steps", "batch_size", "depth"):
             for v in spec.sweep.axes_values(axis):
                 arm = {**base, axis: v, "width": spec.axes_width}
                 points += [
@@ -324,12 +324,12 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
         results_path=study.paths.sweep_results,
         # "/ladder": the grid and its replicates in one Tune run (an older two-run sweep is not resumed)
         fingerprint=f"{study.sweep_hash or ''}/ladder",
-        sort_by=["width", *(["steps", "batch_size"] if spec.sweep.axes else []), *grid, "seed"],
+        sort_by=["width", *(["steps", "batch_size", "depth"] if spec.sweep.axes else []), *grid, "seed"],
         restart_also=(study.paths.trials_done,),
         describe=lambda c: (
             ("replicate " if c.get("replicate") else "")
             + f"width={c['width']} "
-            + "".join(f"{a}={c[a]} " for a in ("steps", "batch_size") if a in c)
+            + "".join(f"{a}={c[a]} " for a in ("steps", "batch_size", "depth") if a in c)
             + " ".join(f"{k}={c[k]:.3g}" for k in grid)
             + f" seed={c['seed']}"
         ),

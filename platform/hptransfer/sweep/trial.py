@@ -41,11 +41,13 @@ def train_proxy(
     steps: int | None = None,
     batch_size: int | None = None,
     noise_scale_batches: int = 0,
+    depth: int | None = None,
 ) -> dict:
     """Train one proxy model on `device` in `precision` (default: `sweep.precision`); returns the
     final metrics. `report` gets `n_reports` evaluations. `extra_lr_factor` multiplies the LR
     schedule as in the large run (`training_setup`; e.g. `sp-warmup`'s warmup at the target).
-    `steps`, `batch_size`: an arm of sweep.axes (default: the ladder's). `noise_scale_batches` > 0:
+    `steps`, `batch_size`, `depth`: an arm of sweep.axes (default: the ladder's; a depth arm keeps the
+    depth rule relative to the ladder's depth). `noise_scale_batches` > 0:
     the final metrics carry `noise_scale`, B_simple measured on that many fresh batches
     (sweep/noise_scale.py)."""
     from hptransfer.data import open_corpus
@@ -58,7 +60,7 @@ def train_proxy(
     corpus = open_corpus(spec.data, seq_len=spec.model.seq_len, steps=steps + noise_scale_batches, batch_size=bs)
     val = corpus.val_batches(spec.data.eval_batches, bs, spec.model.seq_len)
     run = training_setup(
-        spec.model,
+        spec.model.at_depth(depth),
         width,
         base_width=spec.base_width,
         hps=hps,
@@ -142,7 +144,8 @@ def tune_trainable(config: dict, spec: StudySpec | None = None, done_dir: str | 
     s = spec  # validated once by the driver; shared through the object store
     torch.set_num_threads(max(1, int(s.sweep.cpus_per_trial)))
     hps = trial_hps(s, config)
-    arm = {a: config[a] for a in ("steps", "batch_size") if config.get(a) not in (None, getattr(s.sweep, a))}
+    ladder = {"steps": s.sweep.steps, "batch_size": s.sweep.batch_size, "depth": s.model.depth}
+    arm = {a: config[a] for a in ladder if config.get(a) not in (None, ladder[a])}
     marker = Path(done_dir) / f"{trial_key(s, config['width'], hps, config['seed'], arm)}.json" if done_dir else None
     if marker is not None and marker.exists():
         tune.report({**json.loads(marker.read_text()), "cached": True})
@@ -157,6 +160,7 @@ def tune_trainable(config: dict, spec: StudySpec | None = None, done_dir: str | 
         device=trial_device(),
         steps=config.get("steps"),
         batch_size=config.get("batch_size"),
+        depth=config.get("depth"),
         noise_scale_batches=s.sweep.axes.noise_scale_batches if s.sweep.axes else 0,
     )
     if marker is not None:

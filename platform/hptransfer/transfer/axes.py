@@ -50,8 +50,14 @@ PRIORS = {
     # Adam's square-root scaling rule from its SDE (Malladi et al.), valid below the critical batch
     # (McCandlish et al., arXiv 1812.06162).
     "batch_size": Prior(0.5, "Malladi et al., arXiv 2205.10287 (Adam: η ∝ √B below the critical batch)"),
-    # No depth law is assumed here: depth transfer (CompleteP, depth-µP) is issue 24's.
-    "depth": Prior(0.0, "none: the LR is carried across depth as is (depth-µP/CompleteP not applied)"),
+    # Depth: the parametrization's per-layer rules carry the LR (models/depth.py: CompleteP, depth-µP keep
+    # the optimum across depth by construction); under depth_parametrization `none` this prior is an
+    # assumption, and a target deeper than the ladder is warned (engine._depth_warning).
+    "depth": Prior(
+        0.0,
+        "the depth parametrization's rules carry the LR across depth (CompleteP, arXiv 2505.01618; depth-µP, "
+        "arXiv 2310.02244); with depth_parametrization none, an assumption",
+    ),
 }
 
 # Baselines' exponents along each axis at fixed everything else (transfer/baselines.py):

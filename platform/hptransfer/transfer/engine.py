@@ -306,7 +306,7 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
         if res.param_group_multipliers
         else hyperparameters["lr"]
     )
-    m = spec.model if spec.target.depth is None else spec.model.model_copy(update={"depth": spec.target_depth})
+    m = spec.model.at_depth(spec.target.depth)  # the depth rule stays relative to the ladder's depth
     return TransferPlan(
         study=spec.name,
         rule=rule,
@@ -355,6 +355,19 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
 HOLD_PRODUCT_RULES = ("mup-independent-wd", "sp-warmup")  # rules that hold η·λ (rules._finish hold_product)
 
 
+def _depth_warning(spec, arms, base, target_depth: int) -> str | None:
+    """A target deeper than every depth the ladder ran, under standard residuals: nothing carries the
+    LR across depth there (the residual stream's update grows ∝ depth), so say what to do."""
+    seen = [base["depth"], *(arms["depth"][1]["depth"].tolist() if "depth" in arms else [])]
+    if spec.model.depth_parametrization != "none" or target_depth <= max(seen):
+        return None
+    return (
+        f"target depth {target_depth} is deeper than every depth the ladder ran (max {max(seen)}) under "
+        "model.depth_parametrization: none: the optimal LR of standard residuals drifts with depth; set "
+        "depth_parametrization: completep (and base_depth) and sweep again, or sweep sweep.axes.depth up to the target"
+    )
+
+
 def _transfer_axes(spec, full, base, tuned, width_only, hps, heuristics, target_steps, target_batch):
     """The LR across steps, batch size and depth (transfer/axes.py): each axis's law, composed with
     the width rule's LR at the base point: η = η_width · Π_a factor_a. Replaces the √B heuristic
@@ -388,6 +401,8 @@ def _transfer_axes(spec, full, base, tuned, width_only, hps, heuristics, target_
             continue
         laws[axis] = law
         warnings += axis_warnings(law)
+    if (w := _depth_warning(spec, arms, base, target["depth"])) is not None:
+        warnings.append(w)
     lr_width = width_only.hyperparameters["lr"]
     factor = math.prod(law["factor"] for law in laws.values())
     hps = {**hps, "lr": lr_width * factor}
