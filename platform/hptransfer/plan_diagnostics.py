@@ -13,11 +13,21 @@ them back. Unknown keys are refused, like everywhere else in the plan: a typo is
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-__all__ = ["Diagnostics", "DriftFit", "DriftVerdict", "LossFit", "MixtureWeights", "OptimumSummary", "OptimumTrend"]
+__all__ = [
+    "Diagnostics",
+    "DriftFit",
+    "DriftVerdict",
+    "HyperparameterTransfer",
+    "JointOptimum",
+    "LossFit",
+    "MixtureWeights",
+    "OptimumSummary",
+    "OptimumTrend",
+]
 
 Interval = tuple[float | None, float | None]  # (low, high); null where open or not finite
 
@@ -25,9 +35,23 @@ Interval = tuple[float | None, float | None]  # (low, high); null where open or 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True)
 
+    # Fields added for the joint path are left out of the file while empty, so a grid's plan file is
+    # byte for byte what it was before them (and an old plan round-trips unchanged).
+    _omit_empty: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _drop_empty(self, handler):
+        out = handler(self)
+        for k in self._omit_empty:
+            if isinstance(out, dict) and out.get(k) in (None, {}):
+                out.pop(k, None)
+        return out
+
 
 class OptimumSummary(_Section):
     """One width's optimum of one hyperparameter (transfer/optimum.py: `OptimumFit`)."""
+
+    _omit_empty = ("method", "fallback")
 
     value: float | None = None
     """The estimated optimum ν* (vertex of the parabola in log ν through the best grid point)."""
@@ -69,6 +93,77 @@ class OptimumSummary(_Section):
     """2.5% / 97.5% bootstrap quantiles of κ."""
     loss_se: float | None = None
     """Standard error of the fitted minimum loss φ*_n."""
+    method: Literal["joint"] | None = None
+    """`joint`: from the joint local quadratic over scattered points (transfer/joint.py); null: the grid's fit."""
+    fallback: str | None = None
+    """Why the joint fit used the best point instead of the quadratic's vertex (null: it did not)."""
+
+
+class JointOptimum(_Section):
+    """One width's joint optimum of every tuned hyperparameter from scattered points (transfer/joint.py):
+    a full quadratic in the search scale fitted to the best points, a bootstrap over rows for the interval."""
+
+    hyperparameters: list[str] = Field(default_factory=list)
+    """The tuned hyperparameters, in the order of `hessian`."""
+    value: dict[str, float | None] = Field(default_factory=dict)
+    """The joint optimum ν* of each (the best point's values when the fit fell back)."""
+    fitted_loss: float | None = None
+    """The quadratic's minimum (the best point's loss on a fallback)."""
+    best_loss: float | None = None
+    """The lowest loss among the points (seeds averaged at a repeated point)."""
+    hessian: list[list[float | None]] | None = None
+    """∂²loss/∂x_i∂x_j at the optimum, x = log ν (ν for a linear-scale tunable); null: not convex or not fitted."""
+    coupling: dict[str, float | None] = Field(default_factory=dict)
+    """`a|b` → −H_ab/√(H_aa·H_bb): how the bowl is tilted (0: coordinate slices are unbiased; < 0: a larger b wants a smaller a)."""
+    optimum_correlation: dict[str, float | None] = Field(default_factory=dict)
+    """`a|b` → correlation of the two optima over the bootstrap."""
+    n_points: int = 0
+    """Ok trials with a finite loss at this width."""
+    n_fit: int = 0
+    """Of them, the best ones the quadratic was fitted to."""
+    n_diverged: int = 0
+    """Diverged trials (they cap the fit: a vertex nearest one is not trusted)."""
+    n_boot: int = 0
+    """Bootstrap resamples (rows drawn with replacement)."""
+    n_boot_convex: int = 0
+    """Of them, those whose quadratic was convex (the others gave their best point)."""
+    convex: bool = False
+    """The vertex of a convex quadratic is the estimate (False: the best point, see `fallback`)."""
+    fallback: str | None = None
+    """Why the best point was used instead of the vertex."""
+    held: dict[str, Literal["low", "high"]] = Field(default_factory=dict)
+    """Hyperparameters whose vertex lay outside the points' box: held at that edge (a bound), the others re-minimised."""
+    noise: float | None = None
+    """Per-trial loss noise σ (seed replicates at repeated points, else the quadratic's residuals)."""
+    noise_source: str = "none"
+    """Where σ came from: `seed replicates`, `quadratic residuals` or `none`."""
+
+
+class HyperparameterTransfer(_Section):
+    """How one tuned hyperparameter went from the ladder to the plan."""
+
+    scale: Literal["log", "linear"] = "log"
+    """Its search scale (`Hyperparameters`): the optimum and its interval are fitted in log ν or ν."""
+    applied: str | None = None
+    """Where training applies it (optimizer, init, readout, schedule, clipping)."""
+    method: Literal["joint", "grid"] | None = None
+    """How its optimum was estimated."""
+    source_width: int | None = None
+    """The swept width whose optimum was carried over."""
+    source_value: float | None = None
+    """Its optimum there."""
+    value: float | None = None
+    """The plan's value."""
+    factor: float | None = None
+    """value / source_value: what the rule and the heuristics changed (1: carried as is)."""
+    ci: Interval | None = None
+    """95% interval of the optimum at the source width."""
+    log_se: float | None = None
+    """Its standard error in the search scale."""
+    censored: Literal["upper", "lower"] | None = None
+    """The optimum at the source width is a bound (`upper`: ν* ≤ value; `lower`: ν* ≥ value)."""
+    how: str | None = None
+    """The rule that carried it to the target, in words."""
 
 
 class LossFit(_Section):
@@ -162,6 +257,8 @@ class Diagnostics(_Section):
     """Everything a user needs to judge a plan: fits per width, the verdicts, the predicted penalty,
     the predicted target loss, notes and warnings."""
 
+    _omit_empty = ("joint_by_width", "per_hyperparameter")
+
     tuned: list[str] = Field(default_factory=list)
     """The tuned hyperparameters (the sweep's grid)."""
     source_width: int | None = None
@@ -226,6 +323,10 @@ class Diagnostics(_Section):
     """Its 95% interval (the large run is checked against it: transfer/target_check.py)."""
     ladder_best_loss: float | None = None
     """The best loss anywhere on the ladder (the target should not be worse)."""
+    joint_by_width: dict[str, JointOptimum] = Field(default_factory=dict)
+    """Width → the joint optimum of every tuned hyperparameter, when the table's points are not a grid (else empty)."""
+    per_hyperparameter: dict[str, HyperparameterTransfer] = Field(default_factory=dict)
+    """Tuned hyperparameter → how it was transferred (filled with the joint fit; empty on a grid)."""
     notes: list[str] = Field(default_factory=list)
     """What the rule did, in words."""
     warnings: list[str] = Field(default_factory=list)

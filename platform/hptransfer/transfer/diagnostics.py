@@ -44,7 +44,71 @@ def optimum_summary(f: OptimumFit) -> dict:
         "se_floor": f.se_floor,
         "curvature_ci": [f.curvature_low, f.curvature_high],
         "loss_se": f.loss_se,
+        # The joint path's own fields, only where it ran (a grid's summary is as before).
+        **({"method": "joint", "fallback": f.joint.fallback} if f.joint is not None else {}),
     }
+
+
+# How each tunable reaches the target, by where it is applied (hyperparameters.APPLIED), under µP:
+# the plan's values are base-width values and µP's per-group multipliers carry them (rules.py).
+HOW = {
+    "lr": "µP: base-width value; hidden matrices × 1/m, vectors and readout × 1 (param_group_multipliers)",
+    "weight_decay": "µP: base-width value; hidden matrices × m (independent) or × 1 (standard) per the rule's groups",
+    "output_mult": "unchanged at the base width (MuReadout divides the readout's input by m itself)",
+    "init_std": "unchanged at the base width (µP's init scales hidden matrices ∝ 1/√fan_in itself)",
+    "warmup_steps": "× target steps / proxy steps (the warmup keeps its fraction of the run)",
+}
+
+
+def joint_sections(fits, tuned, hyperparameters, res, target_steps: int, proxy_steps: int) -> dict:
+    """The plan's joint-fit diagnostics (`joint_by_width`, `per_hyperparameter`) and their warnings,
+    when the optima came from transfer/joint.py; {} on a grid (its plan stays as before)."""
+    from hptransfer.hyperparameters import APPLIED, LOG_SCALE
+
+    widths = sorted(fits)
+    if not widths or fits[widths[0]][tuned[0]].joint is None:
+        return {}
+    warnings, by_width = [], {}
+    for w in widths:
+        j = fits[w][tuned[0]].joint
+        by_width[str(w)] = {k: v for k, v in vars(j).items() if k != "hyperparameters"} | {"hyperparameters": list(tuned)}
+        if j.fallback:
+            warnings.append(f"width {w}: joint optimum not fitted, the best point used instead: {j.fallback}")
+        for hp, side in j.held.items():
+            capped = fits[w][hp].capped_by_divergence
+            warnings.append(
+                f"width {w}: the joint optimum of {hp} lies {'below' if side == 'low' else 'above'} every stable point "
+                f"(held at {j.value[hp]:.4g}, a bound): "
+                + (
+                    "trials beyond it diverged, so it sits at the edge of stability"
+                    if capped
+                    else f"widen the search box for {hp}"
+                )
+            )
+    src = res.source_width or max(widths)
+    per = {}
+    for hp in tuned:
+        f = fits.get(src, fits[max(widths)])[hp]
+        how = HOW.get(hp, "as at the source width")
+        if res.schedule and res.schedule.get("kind") == "sp-warmup" and hp == "lr":
+            how = "peak lr as at the source width, with the rule's multiplicative warmup (plan.schedule)"
+        elif "hidden_matrices" not in res.param_group_multipliers and hp in ("lr", "weight_decay"):
+            how = "one global value: as at the source width, then the rule's heuristics"
+        value = hyperparameters.get(hp)
+        per[hp] = {
+            "scale": "log" if hp in LOG_SCALE else "linear",
+            "applied": APPLIED[hp],
+            "method": "joint",
+            "source_width": src,
+            "source_value": f.value,
+            "value": value,
+            "factor": value / f.value if value is not None and f.value else None,
+            "ci": [f.ci_low, f.ci_high],
+            "log_se": f.log_se,
+            "censored": f.censored,
+            "how": how + (f"; steps {proxy_steps} → {target_steps}" if hp == "warmup_steps" else ""),
+        }
+    return {"joint_by_width": by_width, "per_hyperparameter": per, "warnings": warnings}
 
 
 def diagnose(

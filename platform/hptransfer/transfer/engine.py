@@ -33,7 +33,8 @@ from hptransfer.transfer.axes import (
     tau_weight_decay,
 )
 from hptransfer.transfer.baselines import baselines_for
-from hptransfer.transfer.diagnostics import diagnose
+from hptransfer.transfer.diagnostics import diagnose, joint_sections
+from hptransfer.transfer.joint import is_grid, joint_optima_by_width
 from hptransfer.transfer.optimum import OptimumFit, fit_optimum
 from hptransfer.transfer.rules import RULES, Evidence, Target
 
@@ -187,11 +188,14 @@ def optima_by_width(results: pd.DataFrame, tuned: list[str]) -> dict[int, dict[s
     """For each width and tuned hyperparameter, the optimum with the others at their best grid point.
 
     With one tuned hyperparameter this is the plain 1-D fit; with several, each is fitted along its
-    own axis through the best grid point (a coordinate-wise estimate, stated as such). `stopped`
+    own axis through the best grid point (a coordinate-wise estimate, stated as such). A table whose
+    points are not a grid (`joint.is_grid`) gets the joint optimum instead (`joint.joint_optimum`). `stopped`
     (early-stopped) and `failed` trials are left out of the fit; `diverged` ones inform it (too high).
     Widths without one finite ok loss are skipped."""
     out: dict[int, dict[str, OptimumFit]] = {}
     results = results.reset_index(drop=True)
+    if not is_grid(results, tuned):  # points from a searcher: the joint local quadratic (transfer/joint.py)
+        return joint_optima_by_width(results, tuned)
     status = results["status"].astype(str).str.lower()
     diverged_all = (status == "diverged") | ((status == "ok") & ~np.isfinite(results["val_loss"].astype(float)))
     for width, g in results.groupby("width"):
@@ -300,6 +304,8 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
             "batch size or steps differ between sweep and target: heuristics applied "
             f"({', '.join(h['name'] for h in heuristics)}); see `heuristics`"
         )
+    joint = joint_sections(fits, tuned, hyperparameters, res, target_steps, spec.sweep.steps)
+    warnings += joint.pop("warnings", [])
     counts = ladder.groupby(["width", "status"]).size().unstack(fill_value=0)
     hidden_lr = (
         hyperparameters["lr"] * min(g.get("lr", 1.0) for g in res.param_group_multipliers.values())
@@ -344,6 +350,7 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
                 "trials_by_width": {str(w): {str(k): int(v) for k, v in row.items()} for w, row in counts.iterrows()},
                 "notes": res.notes,
                 "warnings": warnings,
+                **joint,  # empty on a grid: its plan is as before
             }
         ),
         provenance=_clean({"spec_hash": spec_hash(spec), "results_hash": table_hash(results), **(provenance or {})}),
@@ -547,6 +554,9 @@ def standalone_spec(
     df = df[at_base(axis_columns(df, base), base)]  # the width ladder
     widths = sorted(int(w) for w in df["width"].unique())
     grid = {hp: sorted(float(v) for v in df[hp].unique()) for hp in tuned}
+    seeds = sorted(int(s) for s in df["seed"].unique())
+    # Scattered points make a "grid" of every value seen: its product is no trial count to refuse.
+    max_trials = max(2000, len(widths) * (len(seeds) * math.prod(len(v) for v in grid.values()) + 3))
     data = {
         "name": name,
         "model": {**model, **({"base_width": base_width} if base_width else {})},
@@ -556,7 +566,8 @@ def standalone_spec(
             "fixed": fixed,
             "steps": proxy_steps,
             "batch_size": proxy_batch_size,
-            "seeds": sorted(int(s) for s in df["seed"].unique()),
+            "seeds": seeds,
+            "max_trials": max_trials,
         },
         "transfer": {"rule": rule},
         "target": {"width": target_width, "steps": target_steps, "batch_size": target_batch_size, "depth": target_depth},

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -66,6 +66,7 @@ class OptimumFit:
     curvature_low: float | None = None  # 2.5% / 97.5% bootstrap quantiles of κ (convex redraws)
     curvature_high: float | None = None
     loss_se: float | None = None  # std of the fitted minimum loss φ*_n (floored at σ/√n_seeds)
+    joint: Any = None  # transfer/joint.py's JointFit when the optimum came from a joint fit over scattered points
 
 
 LOCAL_WINDOW = 1.2  # log-units (×3.3): a quadratic is a local model; farther out the LR curve is
