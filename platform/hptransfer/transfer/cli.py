@@ -44,6 +44,9 @@ def print_plan(plan, path: Path | None = None) -> None:
                 flags.append(f"{hp} not convex")
             if f.capped_by_divergence:
                 flags.append(f"{hp} capped by divergence")
+        joint = d.joint_by_width.get(w)
+        if joint is not None:  # scattered points: one joint fit per width (transfer/joint.py)
+            flags.append("joint fit" if joint.fallback is None else "joint fit fell back to the best point")
         trials = ", ".join(f"{k} {v}" for k, v in d.trials_by_width.get(w, {}).items())
         best = (per.get(d.primary or tuned[0]) or OptimumSummary()).best_loss if tuned else None
         t.add_row(str(w), _g(best), *cells, trials, "[yellow]" + "; ".join(flags) + "[/]" if flags else "")
@@ -120,7 +123,7 @@ def transfer(
     results: Optional[Path] = typer.Option(
         None,
         "--results",
-        help="Standalone: a results table (.csv or .parquet) from any tool; columns width, val_loss, status, seed and one per tuned hyperparameter; optional steps, batch_size, depth (arms beyond the width ladder: their LR laws move the plan to the target's).",
+        help="Standalone: a results table (.csv or .parquet) from any tool; columns width, val_loss, status, seed and one per tuned hyperparameter (a grid, or scattered points from any searcher: their joint optimum is fitted); optional steps, batch_size, depth (arms beyond the width ladder: their LR laws move the plan to the target's).",
     ),
     rule: Optional[str] = typer.Option(None, "--rule", help=f"Standalone: the transfer rule, one of {sorted(RULE_NAMES)}."),
     target_width: Optional[int] = typer.Option(None, "--target-width", help="Standalone: width of the large model."),
