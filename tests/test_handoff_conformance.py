@@ -246,3 +246,38 @@ def test_cli_writes_the_folder_from_a_study_folder_and_exits_2_on_bad_input(tmp_
     assert len(json.loads((tmp_path / "h" / "conformance" / "losses.json").read_text())["train_loss"]) == 3
     r = CliRunner().invoke(app, ["handoff", str(study), "--out", str(tmp_path / "h"), "--batch-size", "99"])
     assert r.exit_code == 2 and "--batch-size" in r.output and "--force" in r.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mup-llama", "mup-qwen2-gqa-attn-1/d-clip"])
+def test_a_transformers_trainer_run_from_the_handoff_matches_the_conformance_losses(handoffs, name, tmp_path):
+    """DIR/trainers/hf_trainer.py (as `hpt handoff` writes it) drives a real `transformers.Trainer` over
+    conformance/batches.pt: its per-step losses are losses.json's."""
+    import importlib.util
+    import shutil
+
+    from hptransfer.handoff.to_torch import HF_TRAINER_SOURCE
+
+    res, _ = handoffs[name]
+    folder = tmp_path / "h"
+    shutil.copytree(res.out, folder)
+    (folder / "trainers").mkdir(exist_ok=True)
+    (folder / "trainers" / "hf_trainer.py").write_text(HF_TRAINER_SOURCE)
+    spec = importlib.util.spec_from_file_location("hf_trainer_under_test", folder / "trainers" / "hf_trainer.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    batches = torch.load(folder / "conformance" / "batches.pt")
+    rows = [{"input_ids": seq[:-1], "labels": seq[1:]} for b in batches for seq in b]
+    trainer = mod.trainer(
+        rows,
+        trainer_cls=mod.HandoffTrainer,
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=batches.shape[1],
+        max_steps=len(batches),
+        use_cpu=True,
+        logging_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer.train()
+    want = json.loads((folder / "conformance" / "losses.json").read_text())["train_loss"]
+    assert _rel(trainer.step_losses, want) < 1e-4, (trainer.step_losses, want)
