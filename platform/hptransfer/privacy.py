@@ -36,6 +36,25 @@ class DPConfig(BaseModel):
         lt=1,
         description="Choose the smallest feasible B whose σ√T ≤ (1 + tolerance)·min σ√T (paper 1 gives no number).",
     )
+    batch_rule: Literal["predicted-loss", "noise"] = Field(
+        "predicted-loss",
+        description=(
+            "How B is chosen. `predicted-loss`: the lowest predicted loss L_∞ + A·T^-α + κ·(σ√T/(E·N))², "
+            "fitted on the study's DP sweep (dp.steps; no min_steps floor); without a sweep to fit, the plan "
+            "falls back to `noise` and says so. `noise`: paper 1's σ√T rule (smallest B within `tolerance` of "
+            "min σ√T, T ≥ min_steps), kept for comparison. Default predicted-loss: on our step-limited LM task the "
+            "σ√T rule's choice lost to B=256 at ε=2 and 8 (benchmarks/results/dp_lm.json)."
+        ),
+    )
+    clip_quantile: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description=(
+            "q: with measured per-example gradient norms, C is their p(ε)-quantile, p(ε) = 1 − (1 − q)·"
+            "min(1, ε/clip_shift_reference_epsilon)^clip_shift_exponent, so C moves up as ε falls (rule.clip_quantile)."
+        ),
+    )
     accountant: Literal["prv", "rdp"] = Field(
         "prv", description="Opacus accountant for σ(B): `prv` (paper 1's choice, tighter, slower) or `rdp`."
     )

@@ -76,3 +76,85 @@ def lr_scale(from_batch: int, to_batch: int) -> float:
     the starting point when B changes; it keeps the update's noise scale η/√B fixed. A start for
     joint tuning, not a guarantee."""
     return math.sqrt(to_batch / from_batch)
+
+
+def choose_batch_size_predicted(rows: Sequence[Row], model, epochs: float, dataset_size: int) -> tuple[int, list[dict]]:
+    """The B with the lowest predicted loss L(T) + κ·(σ√T/(E·N))² (`dp.steps.LossModel`) among the
+    batch sizes with a valid σ, ties to the smaller B; returns it with every candidate's prediction.
+
+    No `min_steps` floor: the measured step curve says what few steps cost. A flat curve (the task is
+    not step-limited) leaves only the noise term, whose minimum is the σ√T minimum; a steep one moves
+    B down to buy steps. Derivation: `dp.steps` and docs/RESEARCH.md."""
+    from hptransfer.dp.steps import noise_ratio
+
+    ok = [r for r in rows if r.sigma_sqrt_t is not None]
+    if not ok:
+        raise ValueError("no feasible batch size: no σ meets the budget at any B")
+    preds = []
+    for r in ok:
+        rho = noise_ratio(r.sigma_sqrt_t / math.sqrt(r.steps), r.steps, epochs, dataset_size)
+        preds.append(
+            {
+                "batch_size": r.batch_size,
+                "steps": r.steps,
+                "step_loss": model.step_loss(r.steps),
+                "noise_penalty": model.noise_penalty(rho),
+                "predicted_loss": model.predict(r.steps, rho),
+                "extrapolated": not (model.steps_range[0] <= r.steps <= model.steps_range[1]),
+            }
+        )
+    best = min(p["predicted_loss"] for p in preds)
+    # Ties (within float noise) go to the smaller B: more steps for the same predicted loss.
+    b = min(p["batch_size"] for p in preds if p["predicted_loss"] <= best + 1e-12 * max(1.0, abs(best)))
+    return b, preds
+
+
+def clip_quantile(epsilon: float, quantile: float = 0.5, reference_epsilon: float = 8.0, exponent: float = 0.5) -> float:
+    """The quantile p(ε) of the measured per-example gradient norms to clip at:
+    p(ε) = 1 − (1 − q)·min(1, ε/ε_ref)^γ, i.e. the clipped fraction 1 − p shrinks as ε falls.
+
+    Why: paper 1 finds the best C larger at smaller ε because, under strong privacy, the norms during
+    training sit higher than where they were measured (and turn bimodal). Keeping the clipped share of
+    the *training-time* norms fixed therefore means a higher quantile of the *measured* ones. Moving
+    along the measured distribution, rather than multiplying C by a factor, keeps C inside it: a
+    narrow distribution barely moves C, a wide or bimodal one moves it far, and C never passes the
+    largest measured norm (which would only shrink the small-norm examples against the noise).
+    Assumptions (ours): q = 1/2 at ε ≥ ε_ref (the median, the clip_reference convention), γ = 1/2
+    (the clip_shift exponent: the shift ∝ (ε_ref/ε)^γ there, here the clipped share ∝ (ε/ε_ref)^γ).
+    γ = 0: the same quantile at every ε."""
+    return 1.0 - (1.0 - quantile) * min(1.0, epsilon / reference_epsilon) ** exponent
+
+
+def clip_from_norms(
+    norms: Sequence[float], epsilon: float, quantile: float = 0.5, reference_epsilon: float = 8.0, exponent: float = 0.5
+) -> float:
+    """C(ε) = the p(ε)-quantile of the measured per-example gradient norms (`clip_quantile`)."""
+    import numpy as np
+
+    a = np.asarray(norms, dtype=float)
+    if a.size == 0 or not np.all(np.isfinite(a)) or np.any(a < 0):
+        raise ValueError(f"per-example gradient norms must be a non-empty list of finite numbers ≥ 0, got {a.size} value(s)")
+    return float(np.quantile(a, clip_quantile(epsilon, quantile, reference_epsilon, exponent)))
+
+
+def reweighting(norms: Sequence[float], labels: Sequence, clip: float) -> dict[str, float]:
+    """Paper 1's diagnostic: w_y(C) = mean over examples i of class (or bucket) y of min(1, C/‖g_i‖),
+    the factor by which clipping at C scales that class's share of the summed gradient. Classes with
+    large gradients (hard or rare ones) get w_y ≪ 1: clipping re-weights the objective towards the
+    easy classes. A zero norm is never clipped (w = 1)."""
+    if len(norms) != len(labels):
+        raise ValueError(f"norms and labels differ in length ({len(norms)} vs {len(labels)})")
+    acc: dict[str, list[float]] = {}
+    for g, y in zip(norms, labels):
+        acc.setdefault(str(y), []).append(1.0 if g <= clip else clip / g)
+    return {y: sum(v) / len(v) for y, v in sorted(acc.items())}
+
+
+def norm_buckets(norms: Sequence[float], n_buckets: int = 4) -> list[str]:
+    """Labels for `reweighting` when examples have no class (a language model's sequences): the
+    quantile bucket of each norm, "q1" (smallest norms) … "q{n}"."""
+    import numpy as np
+
+    a = np.asarray(norms, dtype=float)
+    edges = np.quantile(a, np.linspace(0, 1, n_buckets + 1)[1:-1])
+    return [f"q{int(np.searchsorted(edges, g, side='right')) + 1}" for g in a]

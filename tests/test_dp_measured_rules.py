@@ -1,0 +1,207 @@
+"""The measured DP rules (issue 26, item 2): the predicted-loss batch rule on synthetic step curves,
+C(ε) from a synthetic norm distribution, paper 1's re-weighting diagnostic, the new config/plan
+fields and old plans. Pure functions; the plan tests use the RDP accountant on tiny N (fast)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from hptransfer.dp import rule
+from hptransfer.dp.accounting import NoiseRow
+from hptransfer.dp.plan import DPEvidence, DPPlan, dp_plan_for
+from hptransfer.dp.steps import (
+    LossModel,
+    StepPoint,
+    best_lr_per_batch,
+    fit_loss_model,
+    fit_lr_law,
+    noise_ratio,
+    step_points_from_table,
+)
+from hptransfer.privacy import DPConfig
+
+from conftest import ROOT
+
+E, N = 4.0, 4096
+# A σ√T table with paper 1's tight-ε shape (σ from Opacus' PRV accountant at ε = 2, δ = 1e-5,
+# N = 4096, E = 4: benchmarks/results/dp_lm.json): σ√T falls all the way to B = 512, T = 32.
+SIGMA = {32: 0.7922, 64: 0.9143, 128: 1.0986, 256: 1.3770, 512: 1.7920}
+
+
+def _rows(sigma=SIGMA) -> list[NoiseRow]:
+    out = []
+    for b, s in sigma.items():
+        t = math.ceil(E * N / b)
+        out.append(
+            NoiseRow(
+                batch_size=b,
+                sample_rate=b / N,
+                steps=t,
+                sigma=s,
+                sigma_sqrt_t=s * math.sqrt(t),
+                sigma_over_b=s / b,
+                feasible=True,
+            )
+        )
+    return out
+
+
+def _model(a: float, alpha: float, kappa: float) -> LossModel:
+    return LossModel(l_inf=2.8, a=a, alpha=alpha, kappa=kappa, n_points=10, rmse=0.0, steps_range=(32, 512))
+
+
+def test_batch_rule_buys_steps_when_the_step_curve_demands_it_and_follows_sigma_sqrt_t_when_not():
+    rows = _rows()
+    sst = {r.batch_size: r.sigma_sqrt_t for r in rows}
+    noise_best = min(sst, key=sst.get)
+    assert noise_best == 512 and rule.choose_batch_size(rows, 0.05) == 512  # the σ√T rule: largest B, T = 32
+    kappa = 5e4  # loss per ρ², ρ = σ√T/(E·N) ≈ 6e-4 here: penalties ≈ 0.01–0.02
+    # Flat step curve (A = 0): only the noise term is left → exactly the σ√T minimum.
+    b, preds = rule.choose_batch_size_predicted(rows, _model(0.0, 1.0, kappa), E, N)
+    assert b == noise_best
+    assert [p["batch_size"] for p in preds] == [32, 64, 128, 256, 512]
+    # A slow curve, A·T^-α = 0.05·T^-0.5: few steps cost little, so the σ√T choice stands. Worked out:
+    # B=128: 0.0044 + κρ² 0.0288 = 0.0332; B=512: 0.0088 + 0.0191 = 0.0280 (above L_∞) → 512.
+    assert rule.choose_batch_size_predicted(rows, _model(0.05, 0.5, kappa), E, N)[0] == 512
+    # A steep curve (the step-limited task, about the fit to dp_lm.json): T = 32 costs 8.5·32^-1.3 = 0.094,
+    # T = 128 only 0.016: B=128 0.0155 + 0.0288 = 0.0443 beats B=512 0.0939 + 0.0191 = 0.1131.
+    b, preds = rule.choose_batch_size_predicted(rows, _model(8.5, 1.3, kappa), E, N)
+    assert b == 128
+    p = {x["batch_size"]: x for x in preds}
+    assert p[b]["predicted_loss"] == pytest.approx(p[b]["step_loss"] + p[b]["noise_penalty"])
+    assert p[512]["step_loss"] > p[b]["step_loss"] and p[512]["noise_penalty"] < p[b]["noise_penalty"]
+    # No noise cost at all: the most steps (smallest B).
+    assert rule.choose_batch_size_predicted(rows, _model(8.5, 1.3, 0.0), E, N)[0] == 32
+    # B without a valid σ is never a candidate, and none at all is a clear error.
+    none = [r.model_copy(update={"sigma": None, "sigma_sqrt_t": None, "feasible": False}) for r in rows]
+    with pytest.raises(ValueError, match="no feasible batch size"):
+        rule.choose_batch_size_predicted(none, _model(1, 1, 1), E, N)
+
+
+def test_fit_recovers_a_synthetic_law_and_the_plan_picks_by_it():
+    truth = _model(8.5, 1.3, 5e4)
+    # Noise-free trials at four T, private ones at two ε (the second ε: σ doubled, a tighter budget).
+    pts = [StepPoint(steps=t, rho=0.0, loss=truth.step_loss(t)) for t in (32, 64, 128, 512)]
+    for scale in (1.0, 2.0):
+        for r in _rows():
+            rho = noise_ratio(scale * r.sigma, r.steps, E, N)
+            pts.append(StepPoint(steps=r.steps, rho=rho, loss=truth.predict(r.steps, rho)))
+    m = fit_loss_model(pts)
+    assert m.alpha == pytest.approx(1.3) and m.a == pytest.approx(8.5, rel=1e-6)
+    assert m.kappa == pytest.approx(5e4, rel=1e-6) and m.l_inf == pytest.approx(2.8) and m.rmse < 1e-9
+    # Too little to identify a curve: a clear error saying what to add.
+    with pytest.raises(ValueError, match="≥ 2 different step counts"):
+        fit_loss_model([StepPoint(64, 0.0, 3.0)] * 3)
+
+
+def test_step_points_and_lr_law_from_the_dp_sweep_table():
+    rows = []
+    for eps, sigma in ((math.inf, 0.0), (2.0, 1.0)):
+        for b, t in ((64, 256), (256, 64)):
+            for clip, lr, seeds in ((1.0, 0.01, (3.0, 3.2)), (4.0, 0.01, (3.5, 3.5)), (1.0, 0.02 * (b / 64) ** 0.5, (2.9, 3.1))):
+                for seed, loss in enumerate(seeds):
+                    loss += 0.1 * (b == 256) + 0.05 * (sigma > 0)
+                    rows.append(
+                        dict(
+                            epsilon=eps,
+                            batch_size=b,
+                            clip=clip,
+                            lr=lr,
+                            seed=seed,
+                            sigma=sigma,
+                            steps=t,
+                            val_loss=loss,
+                            status="ok",
+                        )
+                    )
+    rows.append(dict(epsilon=2.0, batch_size=64, clip=1.0, lr=0.1, seed=0, sigma=1.0, steps=256, val_loss=0.1, status="diverged"))
+    df = pd.DataFrame(rows)
+    pts = {(p.epsilon, p.batch_size): p for p in step_points_from_table(df, E, N)}
+    assert set(pts) == {(math.inf, 64), (math.inf, 256), (2.0, 64), (2.0, 256)}
+    assert pts[(math.inf, 64)].rho == 0.0 and pts[(math.inf, 64)].loss == pytest.approx(3.0)  # seed mean of the best (C, lr)
+    assert pts[(2.0, 256)].rho == pytest.approx(1.0 * math.sqrt(64) / (E * N))
+    assert pts[(2.0, 64)].loss == pytest.approx(3.05)  # the diverged row is not evidence
+    bs, lrs = best_lr_per_batch(df)
+    beta, lr_ref, b_ref = fit_lr_law(bs, lrs)
+    assert beta == pytest.approx(0.5) and b_ref == 128 and lr_ref == pytest.approx(0.02 * 2**0.5)
+    assert fit_lr_law([256], [0.01]) == (0.5, pytest.approx(0.01), 256)  # one B: the √ prior
+
+
+def test_clip_moves_up_as_epsilon_falls_inside_the_measured_distribution():
+    norms = np.random.default_rng(0).lognormal(mean=0.0, sigma=0.6, size=2000)
+    cs = [rule.clip_from_norms(norms, e) for e in (16.0, 8.0, 2.0, 0.5, 0.1)]
+    assert cs[0] == cs[1] == pytest.approx(np.median(norms))  # at ε ≥ ε_ref: the median (q = 1/2)
+    assert all(a < b for a, b in itertools.pairwise(cs[1:]))  # strictly up as ε falls
+    assert cs[-1] <= norms.max()  # never past the distribution
+    assert rule.clip_quantile(0.5) == pytest.approx(1 - 0.5 * (0.5 / 8) ** 0.5)  # = 0.875
+    assert rule.clip_from_norms(norms, 0.5, exponent=0.0) == pytest.approx(cs[1])  # γ = 0: no move
+    # A narrow distribution barely moves C; a wide one moves it far.
+    narrow = np.random.default_rng(1).lognormal(0.0, 0.05, 2000)
+    assert rule.clip_from_norms(narrow, 0.5) / rule.clip_from_norms(narrow, 8) < 1.1 < cs[3] / cs[1]
+    with pytest.raises(ValueError, match="finite numbers"):
+        rule.clip_from_norms([1.0, math.nan], 1.0)
+
+
+def test_reweighting_on_two_classes():
+    # Class "easy": small gradients (never clipped at C = 1); "hard": norms 2 and 4 → w = (1/2 + 1/4)/2.
+    norms, labels = [0.5, 0.8, 2.0, 4.0], ["easy", "easy", "hard", "hard"]
+    assert rule.reweighting(norms, labels, 1.0) == {"easy": 1.0, "hard": pytest.approx(0.375)}
+    assert rule.reweighting(norms, labels, 10.0) == {"easy": 1.0, "hard": 1.0}  # no clipping: no re-weighting
+    assert rule.reweighting([0.0], ["z"], 1.0) == {"z": 1.0}
+    with pytest.raises(ValueError, match="differ in length"):
+        rule.reweighting([1.0], [], 1.0)
+    assert rule.norm_buckets([1, 2, 3, 4], 2) == ["q1", "q1", "q2", "q2"]
+
+
+def _cfg(**kw) -> DPConfig:
+    return DPConfig(
+        epsilon=2.0, dataset_size=2048, epochs=2, batch_sizes=[16, 256], accountant="rdp", epsilon_tolerance=0.2, **kw
+    )
+
+
+def test_plan_uses_the_measured_rules_and_says_when_it_cannot():
+    steep = _model(50.0, 1.0, 0.0)  # no noise cost: the most steps
+    plan = dp_plan_for(_cfg(), DPEvidence(loss_model=steep, source="synthetic"))
+    assert plan.batch_rule == "predicted-loss" and plan.batch_size == 16
+    assert len(plan.predictions) == 2 and plan.loss_model["alpha"] == 1.0
+    assert any("σ√T rule (batch_rule: noise) would choose" in n for n in plan.notes)
+    assert plan.epsilon_check <= 2.0 and plan.steps == 2 * 2048 // 16
+    # No step curve: the σ√T rule, and the plan says why.
+    fallback = dp_plan_for(_cfg())
+    assert fallback.batch_rule == "noise" and any("fell back to the σ√T rule" in n for n in fallback.notes)
+    assert dp_plan_for(_cfg(batch_rule="noise"), DPEvidence(loss_model=steep)).batch_size == fallback.batch_size
+    # Measured norms: C is their quantile, above the median at ε = 2 < 8, with the diagnostic.
+    norms = list(np.random.default_rng(0).lognormal(0.0, 0.6, 400))
+    labels = ["a"] * 200 + ["b"] * 200
+    p = dp_plan_for(_cfg(), DPEvidence(grad_norms=norms, grad_labels=labels, lr_law=(0.5, 0.01, 64)))
+    assert p.clip_from == "measured norms" and p.clip > np.median(norms)
+    assert p.clip_quantile == pytest.approx(0.75) and p.clipped_fraction == pytest.approx(0.25, abs=0.01)
+    assert set(p.clip_reweighting) == {"a", "b"} and all(0 < w <= 1 for w in p.clip_reweighting.values())
+    assert p.lr_law["lr_at_b"] == pytest.approx(0.01 * (p.batch_size / 64) ** 0.5)
+    assert dp_plan_for(_cfg()).clip == 1.0 and dp_plan_for(_cfg()).clip_from == "clip_reference"
+
+
+def test_new_fields_are_validated_with_the_field_named():
+    with pytest.raises(ValidationError) as e:
+        DPConfig(epsilon=1, epochs=1, batch_rule="sigma", clip_quantile=1.0)
+    fields = {err["loc"][0] for err in e.value.errors()}
+    assert fields == {"batch_rule", "clip_quantile"}
+    assert "predicted-loss" in str(e.value) and "noise" in str(e.value)
+
+
+def test_old_dp_plans_still_load():
+    from hptransfer.plan import load_plan
+
+    path = ROOT / "tests" / "data" / "old_plans" / "dp.yaml"
+    old = load_plan(path)
+    plan = DPPlan.model_validate(old.dp)
+    assert plan.batch_rule == "noise" and plan.predictions == [] and plan.clip_from == "clip_reference"
+    assert plan.clip == yaml.safe_load(path.read_text())["dp"]["clip"]
+    assert DPConfig.model_validate(old.dp["config"]).batch_rule == "predicted-loss"  # the config's default
