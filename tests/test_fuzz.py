@@ -465,7 +465,7 @@ def assert_usable_plan(plan: TransferPlan) -> None:
     dumped = plan.model_dump()
     assert_finite(dumped)
     # Typed fields hold 64-bit integers; the free-form evidence blocks (diagnostics, ...) only need finite numbers.
-    typed = plan.model_dump(exclude={"diagnostics", "provenance", "baselines", "heuristics", "dp", "schedule"})
+    typed = plan.model_dump(exclude={"diagnostics", "provenance", "baselines", "heuristics", "dp", "schedule", "axes"})
     big = [(p, x) for p, x in ints_in(typed) if abs(x) >= 2**63]
     assert not big, f"integers beyond int64: {big}"
     assert plan.base_width >= 1 and 0 <= plan.seed < 2**32, (plan.base_width, plan.seed)
