@@ -586,8 +586,9 @@ def test_rayjob_has_the_issue_fields() -> None:
 
 
 def test_ray_pods_have_the_grace_a_preempted_large_run_needs_for_its_checkpoint() -> None:
-    """SIGTERM → SIGKILL after terminationGracePeriodSeconds on every Ray pod; on the head, Ray's job
-    supervisor waits RAY_JOB_STOP_WAIT_TIME_S after its SIGTERM to the driver, inside that grace."""
+    """SIGTERM → SIGKILL after terminationGracePeriodSeconds on every Ray pod; on the head, a preStop
+    hook stops the running jobs and Ray's job supervisor waits RAY_JOB_STOP_WAIT_TIME_S after its
+    SIGTERM to each driver, inside that grace."""
     for overlay in OVERLAYS:
         cluster = one(objects(overlay), "RayJob")["spec"]["rayClusterSpec"]
         head = cluster["headGroupSpec"]["template"]["spec"]
@@ -595,6 +596,9 @@ def test_ray_pods_have_the_grace_a_preempted_large_run_needs_for_its_checkpoint(
         assert [p["terminationGracePeriodSeconds"] for p in pods] == [render.STOP_GRACE_S] * len(pods)
         env = {e["name"]: e["value"] for e in head["containers"][0]["env"]}
         assert 0 < int(env["RAY_JOB_STOP_WAIT_TIME_S"]) < render.STOP_GRACE_S
+        # Kueue's preemption deletes the cluster: the hook stops the jobs first (test_launchers runs it).
+        hook = head["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+        assert hook == ["python", "-m", "hptransfer.deploy.prestop"]
 
 
 def test_base_is_what_render_produces() -> None:

@@ -411,3 +411,49 @@ def test_hpt_sweep_through_the_launcher_runs_trials_on_both_nodes(cluster: Loopb
     children = [x for x in runs if x.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     assert len(parents) == 1 and len(children) == 4, [x.info.run_name for x in runs]
     assert all("val_loss" in c.data.metrics for c in children)
+
+
+# A driver that, like `hpt train`, spends a moment on SIGTERM (its checkpoint) before exiting 75.
+STOPPABLE_DRIVER = """
+import pathlib, signal, sys, time
+marker = pathlib.Path(sys.argv[1])
+def stop(signum, frame):
+    time.sleep(1)
+    marker.write_text("SIGTERM handled")
+    sys.exit(75)
+signal.signal(signal.SIGTERM, stop)
+marker.write_text("running")
+time.sleep(300)
+"""
+
+# Submits that driver as a Ray job, waits for it to run, then runs the head pod's preStop hook.
+PRESTOP_PROBE = """
+import pathlib, sys, time
+from ray.job_submission import JobSubmissionClient
+from hptransfer.deploy.prestop import stop_running_jobs
+address, entrypoint, marker = sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3])
+job = JobSubmissionClient(address).submit_job(entrypoint=entrypoint)
+deadline = time.time() + 180
+while not (marker.exists() and marker.read_text() == "running"):
+    assert time.time() < deadline, "the job never started"
+    time.sleep(0.2)
+print("FINAL", stop_running_jobs(address, wait_s=60)[job])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_head_prestop_hook_gives_a_running_driver_its_sigterm(cluster: LoopbackCluster, tmp_path: Path) -> None:
+    """Kueue's preemption deletes the RayCluster: the head's preStop hook (deploy/prestop.py, set
+    by render.py) stops every running Ray job first, so the driver gets SIGTERM and its time."""
+    marker = tmp_path / "driver_state"
+    r = subprocess.run(
+        [PY, "-c", PRESTOP_PROBE, cluster.address, shlex.join([PY, "-c", STOPPABLE_DRIVER, str(marker)]), str(marker)],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "FINAL STOPPED" in r.stdout, r.stdout[-3000:]
+    assert marker.read_text() == "SIGTERM handled"

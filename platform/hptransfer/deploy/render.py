@@ -298,6 +298,9 @@ def ray_cluster_spec(shape: ClusterShape, study: str | None = None, spec_configm
                 {"name": "client", "containerPort": 10001},
             ],
             "resources": resources(shape.head_cpus, shape.head_memory),
+            # Before the SIGTERM to `ray start`: stop the running jobs, so each driver gets its own
+            # SIGTERM and checkpoints (deploy/prestop.py: Kueue's preemption deletes the cluster).
+            "lifecycle": {"preStop": {"exec": {"command": ["python", "-m", "hptransfer.deploy.prestop"]}}},
         },
     )
     worker = _ray_pod(
