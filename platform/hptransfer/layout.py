@@ -11,6 +11,7 @@ from pathlib import Path
 STUDIES_ROOT = Path("studies")
 MLFLOW_DB = "mlflow.db"  # the embedded tracking store, when no server is given
 PLAN_FILE = "transfer_plan.yaml"  # the plan: in a study folder, its train/ folder and a hand-off folder
+DEEPSPEED_CONFIG_FILE = "deepspeed_config.json"  # the large run's (train/) and a hand-off's (trainers/)
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class TrainPaths:
 
     @property
     def deepspeed_config(self) -> Path:
-        return self.root / "deepspeed_config.json"
+        return self.root / DEEPSPEED_CONFIG_FILE
 
     @property
     def hf_model(self) -> Path:

@@ -12,6 +12,7 @@ from typing import Any
 from hptransfer.handoff.groups import OptimizerSpec
 from hptransfer.handoff.param_names import Mults, check_failed, hf_meta_model, importable, mismatches
 from hptransfer.io import write_atomic, write_json
+from hptransfer.layout import DEEPSPEED_CONFIG_FILE
 
 # The ~30 lines any torch trainer needs, written into both standalone files.
 TORCH_GROUPS_SOURCE = '''
@@ -198,7 +199,7 @@ def write_deepspeed(out: Path, spec: OptimizerSpec, want: dict[str, Mults], mode
     cfg = deepspeed_config(spec)
     DeepSpeedConfig(cfg)  # DeepSpeed's own validation (no process group needed)
     files = {
-        "deepspeed_config": write_json(out / "deepspeed_config.json", cfg),
+        "deepspeed_config": write_json(out / DEEPSPEED_CONFIG_FILE, cfg),
         "deepspeed": write_atomic(out / "deepspeed_train.py", DEEPSPEED_SOURCE),
     }
     _check_torch_file(files["deepspeed"], want, spec, model_dir)
