@@ -28,6 +28,9 @@ pytestmark = pytest.mark.slow
 
 def _mlflow_server(root: Path, port: int) -> subprocess.Popen:
     """`mlflow server` on loopback over a SQLite file in `root` (a restart reopens the same store)."""
+    from hptransfer.tracking import seed_sqlite_store
+
+    seed_sqlite_store(f"sqlite:///{root}/mlflow.db")  # an empty migrated store: no migrations at start
     proc = subprocess.Popen(
         [
             sys.executable,
