@@ -161,9 +161,9 @@ def test_reweighting_on_two_classes():
 
 
 def _cfg(**kw) -> DPConfig:
-    return DPConfig(
-        epsilon=2.0, dataset_size=2048, epochs=2, batch_sizes=[16, 256], accountant="rdp", epsilon_tolerance=0.2, **kw
-    )
+    # RDP at a coarse search tolerance: σ in a fraction of a second (PRV would take seconds per B).
+    base = dict(epsilon=2.0, dataset_size=2048, epochs=2, batch_sizes=[16, 256], accountant="rdp", epsilon_tolerance=0.2)
+    return DPConfig(**{**base, **kw})
 
 
 def test_plan_uses_the_measured_rules_and_says_when_it_cannot():
@@ -205,3 +205,62 @@ def test_old_dp_plans_still_load():
     assert plan.batch_rule == "noise" and plan.predictions == [] and plan.clip_from == "clip_reference"
     assert plan.clip == yaml.safe_load(path.read_text())["dp"]["clip"]
     assert DPConfig.model_validate(old.dp["config"]).batch_rule == "predicted-loss"  # the config's default
+
+
+def test_the_dp_sweep_table_feeds_the_plan():
+    from hptransfer.dp.plan import evidence_from_sweep
+
+    truth = _model(8.5, 1.3, 5e4)
+    cfg = _cfg(batch_sizes=[16, 64, 256])
+    rows = []
+    for eps in (math.inf, 2.0):
+        for r in dp_plan_for(cfg).table:
+            sigma = 0.0 if math.isinf(eps) else r.sigma
+            loss = truth.predict(r.steps, noise_ratio(sigma, r.steps, cfg.epochs, 2048))
+            for lr in (0.01, 0.03):
+                bad = abs(math.log(lr / (0.01 * (r.batch_size / 16) ** 0.5)))  # best LR ∝ √B
+                rows.append(
+                    dict(
+                        epsilon=eps,
+                        batch_size=r.batch_size,
+                        clip=1.0,
+                        lr=lr,
+                        seed=0,
+                        sigma=sigma,
+                        steps=r.steps,
+                        val_loss=loss + bad,
+                        status="ok",
+                    )
+                )
+    ev = evidence_from_sweep(pd.DataFrame(rows), cfg)
+    assert ev.loss_model is not None and ev.loss_model.n_points == 6 and "3 noise-free" in ev.source
+    assert ev.lr_law is not None and ev.lr_law[0] > 0
+    assert dp_plan_for(cfg, ev).batch_rule == "predicted-loss"
+    assert evidence_from_sweep(pd.DataFrame(rows[:2]), cfg).loss_model is None  # too thin to fit: no model
+
+
+def test_the_noise_free_arm_is_the_same_run_without_noise():
+    import torch
+
+    from hptransfer.dp.lm_task import LMTask, run_dp_lm_finetune
+    from hptransfer.dp.sweep import sweep_points
+    from hptransfer.spec import ModelSpec, load_spec
+
+    spec = load_spec(ROOT / "search_spaces" / "dp-finetune.yaml")
+    pts = sweep_points(spec, [math.inf], 4096)  # no accountant: σ = 0
+    assert {p["batch_size"] for p in pts} == set(spec.dp.batch_sizes)
+    assert all(
+        p["sigma"] == 0.0 and p["epsilon"] == math.inf and p["steps"] == math.ceil(4 * 4096 / p["batch_size"]) for p in pts
+    )
+    seqs = torch.randint(0, 256, (64, 9), generator=torch.Generator().manual_seed(0))
+    task = LMTask(
+        model=ModelSpec(family="mlp", depth=1, seq_len=8, parametrization="mup"),
+        width=16,
+        base_width=16,
+        sequences=seqs,
+        val=[(seqs[:8, :-1], seqs[:8, 1:])],
+        fixed={"weight_decay": 0.0},
+    )
+    m = run_dp_lm_finetune(task, epsilon=math.inf, delta=1e-5, epochs=1, batch_size=16, clip=1.0, lr=0.01)
+    assert m["sigma"] == 0.0 and m["dp/epsilon"] == math.inf and m["steps"] == 4
+    assert m["val_loss"] < m["initial_val_loss"]  # it trains (on its own training sequences' first 8)

@@ -21,6 +21,7 @@ and is not covered by ε.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -111,7 +112,11 @@ def run_dp_lm_finetune(
     seed: int = 0,
 ) -> dict[str, float]:
     """One trial: DP-fine-tune the task's model at (B, C, lr) with σ for (ε, δ, q = B/N, T =
-    ceil(E·N/B)); returns validation loss before and after, ε spent, σ, T and the last train loss."""
+    ceil(E·N/B)); returns validation loss before and after, ε spent, σ, T and the last train loss.
+
+    ε = inf is the noise-free trial of the same run (σ = 0: Poisson sampling, clipping at C and the
+    normalized form kept, no noise; ε spent inf): its loss against T is the step curve the
+    predicted-loss batch rule fits (`dp.steps`). RDP accounts it (PRV cannot represent σ = 0)."""
     from torch.utils.data import TensorDataset
 
     from hptransfer.dp.accounting import noise_multiplier, steps_for
@@ -122,7 +127,10 @@ def run_dp_lm_finetune(
 
     n = task.private_size
     t = steps_for(n, epochs, batch_size)
-    sigma = noise_multiplier(epsilon, delta, batch_size / n, t, accountant)
+    noise_free = math.isinf(epsilon)
+    sigma = 0.0 if noise_free else noise_multiplier(epsilon, delta, batch_size / n, t, accountant)
+    if noise_free:
+        accountant = "rdp"
     register_mu_readout()
     setup = training_setup(
         task.model,

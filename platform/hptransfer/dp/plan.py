@@ -87,6 +87,27 @@ class DPPlan(BaseModel):
     )
 
 
+def evidence_from_sweep(df, config: DPConfig, metric: str = "val_loss") -> DPEvidence:
+    """The measured rules' evidence from a study's DP sweep table (`dp_sweep_results.csv`): the loss
+    model fitted on its per-(ε, B) cells (noise-free ε = inf rows included) and the LR-vs-B law when
+    it swept ≥ 2 LRs. A table too thin to fit gives no loss model (the plan then says it fell back)."""
+    from hptransfer.dp.steps import best_lr_per_batch, fit_loss_model, fit_lr_law, step_points_from_table
+
+    n = config.require_dataset_size()
+    pts = step_points_from_table(df, config.epochs, n, metric)
+    try:
+        model = fit_loss_model(pts)
+    except ValueError:
+        model = None
+    bs, lrs = best_lr_per_batch(df, metric)
+    free = sum(1 for p in pts if p.epsilon is not None and p.epsilon == float("inf"))
+    return DPEvidence(
+        loss_model=model,
+        lr_law=fit_lr_law(bs, lrs) if bs else None,
+        source=f"DP sweep: {len(pts)} (ε, B) cells, {free} noise-free",
+    )
+
+
 def dp_plan_for(config: DPConfig, evidence: DPEvidence | None = None) -> DPPlan:
     """Apply the DP rules to `config` (dataset_size must be set), using `evidence` where the rule is a
     measured one. Raises DPPlanError if no batch size is feasible, listing why for each kind of failure."""

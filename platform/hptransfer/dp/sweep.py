@@ -75,12 +75,31 @@ def dp_config_for(spec: StudySpec, dataset_size: int):
 
 
 def sweep_points(spec: StudySpec, epsilons: list[float], dataset_size: int) -> list[dict]:
-    """(ε, B, C) points: B feasible under ε's budget, C from ε's plan grid; σ and T precomputed."""
+    """(ε, B, C) points: B feasible under ε's budget, C from ε's plan grid; σ and T precomputed.
+    ε = inf: the noise-free arm (σ = 0) at every candidate B and the unshifted C grid, whose loss
+    against T is the step curve of the predicted-loss batch rule (`dp.steps`)."""
+    from hptransfer.dp import rule
+    from hptransfer.dp.accounting import steps_for
     from hptransfer.dp.plan import dp_plan_for
 
     base = dp_config_for(spec, dataset_size)
     points = []
     for eps in epsilons:
+        if math.isinf(eps) and eps > 0:
+            grid = rule.clip_grid(base.clip_shift_reference_epsilon, base.clip_reference, base.clip_factors)
+            points += [
+                {
+                    "epsilon": math.inf,
+                    "batch_size": b,
+                    "clip": c,
+                    "sigma": 0.0,
+                    "steps": steps_for(dataset_size, base.epochs, b),
+                    "chosen_b": False,
+                }
+                for b in base.resolved_batch_sizes()
+                for c in grid
+            ]
+            continue
         plan = dp_plan_for(base.model_copy(update={"epsilon": eps}))
         for row in (r for r in plan.table if r.feasible):
             points += [
@@ -226,6 +245,11 @@ def run_dp_sweep(
         raise DPError("--task", [f"--task must be one of {', '.join(TASKS)}, got {task!r}"])
     kind = KINDS[task]
     epsilons = epsilons or [spec.dp.epsilon]
+    if bad := [e for e in epsilons if not (e > 0)] or ([e for e in epsilons if math.isinf(e)] if task != "lm" else []):
+        raise DPError(
+            "--epsilons",
+            [f"--epsilons {bad}: each ε must be > 0; inf (the noise-free arm, for the step curve) is for --task lm only"],
+        )
     lrs = lrs or [spec.dp.lr or 3e-3]
     seeds = seeds or list(spec.sweep.seeds)
     trainable, n, task_params = _task_setup(spec, task, width, pretrain_width, log)
