@@ -196,7 +196,10 @@ def dp_sweep(
         "loss; digits: the offline digits transfer task, scored by test accuracy.",
     ),
     width: Optional[int] = typer.Option(None, "--width", min=1, help="lm: the model width. Default: the spec's base width."),
-    epsilons: Optional[str] = typer.Option(None, help="Comma-separated ε values; inf adds the noise-free arm (σ = 0), the step curve of dp.batch_rule predicted-loss. Default: the spec's dp.epsilon."),
+    epsilons: Optional[str] = typer.Option(
+        None,
+        help="Comma-separated ε values; inf adds the noise-free arm (σ = 0), the step curve of dp.batch_rule predicted-loss. Default: the spec's dp.epsilon.",
+    ),
     lrs: Optional[str] = typer.Option(None, help="Comma-separated learning rates. Default: the spec's dp.lr."),
     seeds: Optional[str] = typer.Option(None, help="Comma-separated seeds. Default: the spec's sweep.seeds."),
     restart: bool = typer.Option(
