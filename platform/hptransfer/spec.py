@@ -389,11 +389,30 @@ class AxesSpec(_Strict):
         return self
 
 
+class OptunaSpec(_Strict):
+    """`sweep.search: optuna` (sweep/search.py): Optuna's TPE per width through Ray Tune's OptunaSearch."""
+
+    trials_per_width: int = Field(20, ge=2, le=10_000, description="Trial budget of each width's search.")
+    max_concurrent: int = Field(
+        2, ge=1, le=1024, description="Trials running at once (TPE learns from finished ones: fewer is better informed)."
+    )
+    startup_trials: int = Field(8, ge=1, description="Random trials before TPE models the loss (capped at the budget).")
+    sampler_seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed of the samplers (width i gets sampler_seed + i).")
+
+
 class SweepSpec(_Strict):
     widths: list[int] = Field(..., description="The width ladder, strictly increasing, e.g. [32, 64, 128].")
     grid: dict[str, list[float]] = Field(
-        ..., description="Hyperparameters to tune and their grid values, e.g. {lr: [1e-3, 3e-3, 1e-2]}."
+        ...,
+        description="Hyperparameters to tune and their grid values, e.g. {lr: [1e-3, 3e-3, 1e-2]}; with "
+        "`search: optuna`, each one's box [low, high], searched on the scale `Hyperparameters` declares.",
     )
+    search: Literal["grid", "optuna"] = Field(
+        "grid",
+        description="`grid`: every grid point at every width; `optuna`: Optuna's TPE per width in the box `grid` gives "
+        "(Ray Tune's OptunaSearch), `optuna.trials_per_width` trials each, then the replicates.",
+    )
+    optuna: OptunaSpec | None = Field(None, description="Budget and concurrency of `search: optuna` (defaults when omitted).")
     fixed: dict[str, float] = Field(
         default_factory=dict, description="Hyperparameters held fixed during the sweep (weight_decay, warmup_steps, ...)."
     )
@@ -486,6 +505,32 @@ class SweepSpec(_Strict):
             raise ValueError(f"seeds {bad} are outside 0..{MAX_SEED} (what numpy, torch and Ray accept)")
         return v
 
+    @model_validator(mode="after")
+    def _search(self) -> SweepSpec:
+        if self.search == "grid":
+            if self.optuna is not None:
+                raise ValueError("sweep.optuna is set but sweep.search is `grid`; set `search: optuna` or remove sweep.optuna")
+            return self
+        bad = {hp: v for hp, v in self.grid.items() if len(v) != 2 or not v[0] < v[1]}
+        if bad:
+            raise ValueError(
+                f"with sweep.search: optuna each sweep.grid entry is the box [low, high] searched (low < high), got "
+                f"{bad}; e.g. `lr: [1.0e-4, 1.0e-1]`"
+            )
+        if len(self.seeds) != 1:
+            raise ValueError(
+                f"sweep.search: optuna runs one seed per point, got seeds {self.seeds}; keep one seed "
+                "(sweep.noise_seeds replicates each width's best point)"
+            )
+        if self.axes is not None:
+            raise ValueError("sweep.search: optuna does not run sweep.axes arms yet; use `search: grid` or remove sweep.axes")
+        return self
+
+    @property
+    def optuna_settings(self) -> OptunaSpec:
+        """`sweep.optuna`, or its defaults when the spec leaves it out."""
+        return self.optuna or OptunaSpec()
+
     @property
     def n_arms(self) -> int:
         """Width-ladder points plus the axes' extra (steps or batch_size) arms."""
@@ -499,6 +544,8 @@ class SweepSpec(_Strict):
 
     @property
     def n_trials(self) -> int:
+        if self.search == "optuna":
+            return self.n_arms * (self.optuna_settings.trials_per_width + self.noise_seeds)
         return self.n_arms * (len(self.seeds) * math.prod(len(x) for x in self.grid.values()) + self.noise_seeds)
 
 
@@ -754,6 +801,8 @@ def _unset_later_fields(spec: StudySpec) -> dict:
     for section, (name, default) in later.items():
         if getattr(getattr(spec, section), name) == default:
             out.setdefault(section, set()).add(name)
+    if spec.sweep.search == "grid":  # issue 25: a grid sweep keeps its hash
+        out.setdefault("sweep", set()).update({"search", "optuna"})
     return out
 
 

@@ -313,6 +313,37 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
         mode="min",
         ok=lambda result: status({}, result) == "ok",
     )
+    planned = len(points) + spec.sweep.n_arms * len(replicate_seeds)
+    note = (f" + {len(replicate_seeds)} replicate seeds at each width's best point" if replicate_seeds else "") + (
+        f"; plus {spec.sweep.n_arms - len(widths)} sweep.axes arms at width {spec.axes_width}, each with the grid and its own replicates"
+        if spec.sweep.axes
+        else ""
+    )
+    if spec.sweep.search == "optuna":  # the same Tune run, Optuna handing out each width's points (sweep/search.py)
+        from hptransfer.hyperparameters import LOG_SCALE
+        from hptransfer.sweep.search import OptunaLadderSearcher
+
+        o = spec.sweep.optuna_settings
+        searcher = OptunaLadderSearcher(
+            [{"width": w} for w in widths],
+            spec.sweep.grid,
+            LOG_SCALE,
+            o.trials_per_width,
+            spec.sweep.seeds[0],
+            replicate_seeds,
+            {w: i for i, w in enumerate(widths)},
+            max_concurrent=o.max_concurrent,
+            sampler_seed=o.sampler_seed,
+            startup_trials=o.startup_trials,
+            ok=lambda result: status({}, result) == "ok",
+            status=lambda result: status({}, result),
+        )
+        axes = {"width": widths}
+        planned = len(widths) * (o.trials_per_width + len(replicate_seeds))
+        box = ", ".join(
+            f"{hp} in [{lo:.3g}, {hi:.3g}]{' (log)' if hp in LOG_SCALE else ''}" for hp, (lo, hi) in spec.sweep.grid.items()
+        )
+        note = f" × {o.trials_per_width} Optuna TPE trials over {box}, {o.max_concurrent} at once" + note
     return SweepTask(
         experiment=SWEEP_EXPERIMENT,
         trainable=tune.with_parameters(tune_trainable, spec=spec, done_dir=str(study.paths.trials_done)),
@@ -338,13 +369,8 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
         reuse_actors=reuse_actors,
         time_budget_s=spec.sweep.wall_clock_budget_s,
         searcher=searcher,
-        planned=len(points) + spec.sweep.n_arms * len(replicate_seeds),
-        note=(f" + {len(replicate_seeds)} replicate seeds at each width's best point" if replicate_seeds else "")
-        + (
-            f"; plus {spec.sweep.n_arms - len(widths)} sweep.axes arms at width {spec.axes_width}, each with the grid and its own replicates"
-            if spec.sweep.axes
-            else ""
-        ),
+        planned=planned,
+        note=note,
     )
 
 

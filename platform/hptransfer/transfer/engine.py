@@ -158,6 +158,12 @@ def check_results_belong(results: pd.DataFrame, spec: StudySpec, sweep_hash: str
         if hp not in results.columns:
             continue
         col = pd.to_numeric(results[hp], errors="coerce").dropna()
+        if spec.sweep.search == "optuna":  # a box [low, high], not grid values
+            lo, hi = values[0] * (1 - 1e-9), values[1] * (1 + 1e-9)
+            off = sorted({float(v) for v in col.unique() if not lo <= v <= hi})
+            if off:
+                problems.append(f"column `{hp}` has values {off[:5]} outside the box sweep.grid.{hp} {values}")
+            continue
         off = sorted({float(v) for v in col.unique() if not any(np.isclose(v, g, rtol=1e-9, atol=0) for g in values)})
         if off:
             problems.append(f"column `{hp}` has values {off[:5]} that are not in sweep.grid.{hp} {values}")
@@ -246,7 +252,11 @@ def _clean(obj):
     return obj
 
 
-def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = None) -> TransferPlan:
+def make_plan(
+    spec: StudySpec, results: pd.DataFrame, provenance: dict | None = None, dp_evidence: object | None = None
+) -> TransferPlan:
+    """`dp_evidence`: rule `dp` only, the study's DP sweep as `dp.plan.DPEvidence` (its measured batch
+    and LR rules); None: the unmeasured ones."""
     tuned = list(spec.sweep.grid)
     results = check_results(results, tuned)
     # The width ladder is the rows at the base (steps, batch_size, depth); the rest are axis arms.
@@ -271,6 +281,7 @@ def make_plan(spec: StudySpec, results: pd.DataFrame, provenance: dict | None = 
         proxy_batch_size=spec.sweep.batch_size,
         warmup_timescale=spec.transfer.warmup_timescale,
         dp=_dp_config(spec),
+        dp_evidence=dp_evidence,
     )
     rule = spec.transfer.rule
     res = RULES[rule](ev, tgt)
