@@ -264,3 +264,17 @@ def test_the_noise_free_arm_is_the_same_run_without_noise():
     m = run_dp_lm_finetune(task, epsilon=math.inf, delta=1e-5, epochs=1, batch_size=16, clip=1.0, lr=0.01)
     assert m["sigma"] == 0.0 and m["dp/epsilon"] == math.inf and m["steps"] == 4
     assert m["val_loss"] < m["initial_val_loss"]  # it trains (on its own training sequences' first 8)
+
+
+def test_the_transfer_rule_uses_the_dp_sweeps_evidence():
+    from hptransfer.transfer.rules import RULES, Evidence, Target
+
+    ev = Evidence(optima={32: {"lr": 3e-3}}, fixed={}, base_width=32, parametrization="mup")
+    tgt = Target(width=64, steps=100, batch_size=16, proxy_steps=100, proxy_batch_size=16, dp=_cfg())
+    plain = RULES["dp"](ev, tgt)
+    assert plain.extras["dp"]["batch_rule"] == "noise" and plain.extras["dp"]["lr_source"] == "sweep"
+    measured = DPEvidence(loss_model=_model(50.0, 1.0, 0.0), lr_law=(0.3, 0.01, 64), source="synthetic")
+    res = RULES["dp"](ev, Target(**{**tgt.__dict__, "dp_evidence": measured}))
+    d = res.extras["dp"]
+    assert d["batch_rule"] == "predicted-loss" and res.target_batch_size == d["batch_size"] == 16
+    assert d["lr_source"] == "dp-sweep" and res.hyperparameters["lr"] == pytest.approx(0.01 * (16 / 64) ** 0.3)

@@ -73,15 +73,33 @@ def transfer_stage(study: StudyContext, *, sweep_run_id: str | None = None, out:
         )
     table = read_results(results)
     check_results_belong(table, spec, study.sweep_hash, str(results))
+    dp_evidence, dp_prov = _dp_sweep_evidence(study, spec)
     plan = make_plan(
         spec,
         table,
-        provenance={"results_file_hash": file_hash(results), **({"mlflow_sweep_run_id": sweep_run_id} if sweep_run_id else {})},
+        provenance={
+            "results_file_hash": file_hash(results),
+            **({"mlflow_sweep_run_id": sweep_run_id} if sweep_run_id else {}),
+            **dp_prov,
+        },
+        dp_evidence=dp_evidence,
     )
     with study.lock():
         path = save_plan(plan, out or study.paths.plan)
         _log_plan(study, plan, path)
     return plan
+
+
+def _dp_sweep_evidence(study: StudyContext, spec) -> tuple[object | None, dict]:
+    """Rule `dp`: the study's DP sweep table (`hpt dp-sweep`) as the measured batch/LR rules'
+    evidence, and its hash for the plan's provenance; (None, {}) when there is none."""
+    path = study.paths.dp_sweep_results
+    if spec.dp is None or spec.transfer.rule != "dp" or not path.is_file():
+        return None, {}
+    from hptransfer.dp.plan import evidence_from_sweep
+    from hptransfer.transfer.engine import _dp_config, file_hash
+
+    return evidence_from_sweep(pd.read_csv(path), _dp_config(spec)), {"dp_sweep_results_hash": file_hash(path)}
 
 
 def _log_plan(study: StudyContext, plan: TransferPlan, path: Path) -> str | None:

@@ -46,6 +46,7 @@ class Target:
     proxy_batch_size: int
     warmup_timescale: float | None = None  # sp-warmup τ in steps; None: 1/(ηλ)
     dp: Any = None  # the spec's DPConfig, for the `dp` rule
+    dp_evidence: Any = None  # dp.plan.DPEvidence from the study's DP sweep (measured B and LR rules)
 
 
 @dataclass
@@ -374,15 +375,18 @@ def _extrapolate(ev: Evidence, hp: str, widths: list[int], target_width: int) ->
 
 @register("dp")
 def dp_rule(ev: Evidence, target: Target) -> RuleResult:
-    """DP fine-tuning (paper 1: Rehn et al., arXiv 2510.20616). Under a fixed epoch budget the
-    cumulative noise σ·√T decides: B is the smallest feasible batch whose σ√T is within the tolerance
-    of the minimum (at tight ε σ√T plateaus, so small B costs no noise and buys steps); C comes from a
-    grid shifted upward as ε falls. The plan's target batch size and steps ARE the DP choice (B, T):
-    σ was computed for exactly that (q = B/N, T), so any other B or T would spend another ε.
+    """DP fine-tuning (paper 1: Rehn et al., arXiv 2510.20616). Under a fixed epoch budget B sets both
+    the steps T and the cumulative noise σ·√T. `dp.batch_rule: predicted-loss` (with the study's DP
+    sweep as `target.dp_evidence`) takes the B of lowest predicted loss, step curve + noise penalty
+    (dp.steps); `noise`, or no sweep to fit, the smallest feasible B whose σ√T is within the
+    tolerance of the minimum. C: the p(ε)-quantile of measured norms when given, else the reference,
+    with a grid shifted upward as ε falls. The plan's target batch size and steps ARE the DP choice
+    (B, T): σ was computed for exactly that (q = B/N, T), so any other B or T would spend another ε.
 
     Learning rate, one value (the plan's `dp.lr_source` says which):
     - `dp.lr` given: an LR already tuned under DP at `dp.lr_reference_batch`, moved to B by paper 1's
       square-root rule η·√(B/B_ref);
+    - else the DP sweep's measured law η*(B) = η_ref·(B/B_ref)^β when it swept ≥ 2 LRs (`dp-sweep`);
     - else the non-private sweep optimum of the source width × √(B/B_proxy) (Adam's √ rule, a
       heuristic across the private/non-private gap: a starting point for the DP LR search).
     The width transfer underneath is µP's: the widest swept optimum is used as is; warmup keeps its
@@ -391,7 +395,7 @@ def dp_rule(ev: Evidence, target: Target) -> RuleResult:
 
     if target.dp is None:
         raise ValueError("rule `dp` needs a `dp:` block in the spec (epsilon, delta, dataset_size, epochs)")
-    dpp = dp_plan_for(target.dp)
+    dpp = dp_plan_for(target.dp, target.dp_evidence)
     src = source_width(ev, target)
     # Steps: the warmup keeps its fraction of the run (batch unchanged here: the LR is set below).
     hps, used = adjust_for_batch_and_steps(base_hps(ev, src), 1, 1, target.proxy_steps, dpp.steps, False)
@@ -399,13 +403,18 @@ def dp_rule(ev: Evidence, target: Target) -> RuleResult:
     if cfg.lr is not None and cfg.lr_reference_batch is not None:
         source, from_lr, from_batch = "dp.lr", cfg.lr, cfg.lr_reference_batch
         why = f"dp.lr={cfg.lr:g} tuned under DP at B_ref={from_batch}, moved to B={dpp.batch_size}"
+    elif dpp.lr_law is not None:  # measured by the DP sweep: its own law, not Adam's √ rule
+        law = dpp.lr_law
+        source, from_lr, from_batch = "dp-sweep", law["lr_ref"], law["batch_ref"]
+        why = f"the DP sweep's best LR against B, η*(B) = {from_lr:.4g}·(B/{from_batch})^{law['beta']:.3g}"
     else:
         source, from_lr, from_batch = "sweep", hps["lr"], target.proxy_batch_size
         why = (
             f"no dp.lr: the non-private sweep optimum {from_lr:.4g} (width {src}, batch {from_batch}) moved to "
             f"B={dpp.batch_size}; set dp.lr and dp.lr_reference_batch to use an LR tuned under DP"
         )
-    scale = math.sqrt(dpp.batch_size / from_batch)
+    exponent = dpp.lr_law["beta"] if source == "dp-sweep" else 0.5
+    scale = (dpp.batch_size / from_batch) ** exponent
     hps["lr"] = from_lr * scale
     res = RuleResult(
         {k: float(v) for k, v in hps.items()},
@@ -418,7 +427,7 @@ def dp_rule(ev: Evidence, target: Target) -> RuleResult:
             f"DP: target B={dpp.batch_size} (q={dpp.sample_rate:.4g}) and T={dpp.steps} steps are the DP plan's "
             f"choice (not target.batch_size/steps), σ={dpp.noise_multiplier:.4g}, "
             f"C={dpp.clip:g} from the grid {[round(c, 4) for c in dpp.clip_grid]}",
-            f"lr from {source}: {why}: lr = {from_lr:.4g} × √({dpp.batch_size}/{from_batch}) = {hps['lr']:.4g}",
+            f"lr from {source}: {why}: lr = {from_lr:.4g} × ({dpp.batch_size}/{from_batch})^{exponent:.3g} = {hps['lr']:.4g}",
         ],
     )
     res.heuristics.append(
@@ -431,8 +440,11 @@ def dp_rule(ev: Evidence, target: Target) -> RuleResult:
             "from_lr": from_lr,
             "from_batch": from_batch,
             "to_batch": dpp.batch_size,
-            "source": "Malladi et al. 2022, arXiv 2205.10287; paper 1",
-            "why": "Adam: lr × √(B′/B)",
+            "exponent": exponent,
+            "source": "the study's DP sweep (dp.steps.fit_lr_law)"
+            if source == "dp-sweep"
+            else "Malladi et al. 2022, arXiv 2205.10287; paper 1",
+            "why": "measured: lr × (B′/B)^β" if source == "dp-sweep" else "Adam: lr × √(B′/B)",
         }
     )
     # One LR in the plan: the dp block's `lr` is the plan's, with where it came from.
