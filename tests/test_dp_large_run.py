@@ -220,6 +220,14 @@ def test_bad_dp_plans_are_refused_before_training(plan, edit, where, text):
     assert any(p.where == where and text in str(p) for p in e.value.problems), e.value
 
 
+def test_min_steps_is_the_noise_rules_floor_only(plan):
+    from hptransfer.dp.lm import sequence_count
+
+    # The predicted-loss batch rule chose T from a measured step curve: no min_steps floor.
+    few = _edit(plan, config={"min_steps": T + 1}, batch_rule="predicted-loss")
+    assert check_private_plan(few, sequence_count(few.data, 16)).steps == T
+
+
 def test_hpt_train_on_a_bad_dp_plan_exits_2_naming_the_field(plan, tmp_path):
     from typer.testing import CliRunner
 

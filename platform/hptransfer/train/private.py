@@ -84,7 +84,8 @@ class PrivateRun:
 def check_private_plan(plan: TransferPlan, available: int) -> PrivateRun:
     """The plan's DP settings, or a DPError listing every problem with its fix: bad budget (ε ≤ 0,
     δ ≥ 1/N), N larger than the `available` sequences, B > N, T below `min_steps` (a dataset too
-    small for the epoch budget), or (σ, q, T) spending more than ε."""
+    small for the epoch budget; not for a B from the predicted-loss rule, which has no such floor),
+    or (σ, q, T) spending more than ε."""
     from pydantic import ValidationError
 
     from hptransfer.errors import problems_from_validation
@@ -136,7 +137,8 @@ def check_private_plan(plan: TransferPlan, available: int) -> PrivateRun:
                 "remake the plan (`hpt transfer` takes B from the DP plan) or lower it",
             )
         )
-    if t < cfg.min_steps:
+    # min_steps is the σ√T rule's floor; the predicted-loss rule chose T knowing what few steps cost.
+    if t < cfg.min_steps and plan.dp.get("batch_rule", "noise") != "predicted-loss":
         problems.append(
             Problem(
                 "target.steps",
