@@ -82,7 +82,12 @@ def _summary(spec, plan, final: dict | None) -> str:
         ["family / parametrization", f"{_g(spec.model.family)} / {_g(spec.model.parametrization)}"],
         ["depth, head_dim, seq_len", _e(f"{spec.model.depth}, {spec.model.head_dim}, {spec.model.seq_len}")],
         ["width ladder", _g(spec.sweep.widths)],
-        ["grid", escape("; ".join(f"{k}: " + ", ".join(f"{v:.3g}" for v in vals) for k, vals in spec.sweep.grid.items()))],
+        [
+            "grid"
+            if spec.sweep.search == "grid"
+            else f"Optuna box, {spec.sweep.optuna_settings.trials_per_width} trials a width",
+            escape("; ".join(f"{k}: " + ", ".join(f"{v:.3g}" for v in vals) for k, vals in spec.sweep.grid.items())),
+        ],
         ["fixed", _g(json.dumps(spec.sweep.fixed))],
         ["sweep steps × batch, seeds", _e(f"{spec.sweep.steps} × {spec.sweep.batch_size}, {spec.sweep.seeds}")],
         ["transfer rule", f"<code>{_g(spec.transfer.rule)}</code>"],

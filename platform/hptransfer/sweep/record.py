@@ -98,6 +98,8 @@ def log_sweep(study: StudyContext, df: pd.DataFrame, grid, plot: Path | None = N
             "parametrization": spec.model.parametrization,
             "depth": spec.model.depth,
             "rule": spec.transfer.rule,
+            # `grid` is then each tunable's box [low, high]
+            **({"search": "optuna", **spec.sweep.optuna_settings.model_dump()} if spec.sweep.search == "optuna" else {}),
         },
         child_name=lambda row: f"w{row['width']}-" + "-".join(f"{hp}{row[hp]:.3g}" for hp in tuned) + f"-s{row['seed']}",
         child_params=lambda row: {
