@@ -278,3 +278,26 @@ def test_the_transfer_rule_uses_the_dp_sweeps_evidence():
     d = res.extras["dp"]
     assert d["batch_rule"] == "predicted-loss" and res.target_batch_size == d["batch_size"] == 16
     assert d["lr_source"] == "dp-sweep" and res.hyperparameters["lr"] == pytest.approx(0.01 * (16 / 64) ** 0.3)
+
+
+def test_per_example_gradient_norms_are_each_sequences_own_gradient():
+    import torch
+
+    from hptransfer.dp.lm_task import LMTask, lm_loss, per_example_grad_norms
+    from hptransfer.hyperparameters import Hyperparameters
+    from hptransfer.models import training_setup
+    from hptransfer.spec import ModelSpec
+
+    seqs = torch.randint(0, 256, (4, 9), generator=torch.Generator().manual_seed(0))
+    spec = ModelSpec(family="mlp", depth=1, seq_len=8, parametrization="mup")
+    task = LMTask(model=spec, width=16, base_width=16, sequences=seqs, val=[], fixed={"weight_decay": 0.0})
+    norms = per_example_grad_norms(task, seqs)
+    # The same model, one sequence at a time, plain autograd.
+    model = training_setup(
+        spec, 16, base_width=16, hps=Hyperparameters.of({"weight_decay": 0.0}, {"lr": 1.0}), total_steps=1, seed=0, rule="dp"
+    ).model
+    for i, got in enumerate(norms):
+        model.zero_grad()
+        lm_loss(model(seqs[i : i + 1, :-1]), seqs[i : i + 1, 1:]).backward()
+        want = math.sqrt(sum(float(p.grad.pow(2).sum()) for p in model.parameters() if p.grad is not None))
+        assert got == pytest.approx(want, rel=1e-4)

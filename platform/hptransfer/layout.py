@@ -106,6 +106,7 @@ class StudyPaths:
     sweep_png = property(lambda self: self.root / "sweep.png")
     dp_sweep_results = property(lambda self: self.root / "dp_sweep_results.csv")
     dp_sweep_png = property(lambda self: self.root / "dp_sweep.png")
+    dp_grad_norms = property(lambda self: self.root / "dp_grad_norms.json")  # per-example norms, public data
     plan = property(lambda self: self.root / PLAN_FILE)
     ray_storage = property(lambda self: self.root / "ray_results")
     trials_done = property(lambda self: self.root / "trials_done")

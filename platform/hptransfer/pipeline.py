@@ -96,10 +96,18 @@ def _dp_sweep_evidence(study: StudyContext, spec) -> tuple[object | None, dict]:
     path = study.paths.dp_sweep_results
     if spec.dp is None or spec.transfer.rule != "dp" or not path.is_file():
         return None, {}
+    import dataclasses
+    import json
+
     from hptransfer.dp.plan import evidence_from_sweep
     from hptransfer.transfer.engine import _dp_config, file_hash
 
-    return evidence_from_sweep(pd.read_csv(path), _dp_config(spec)), {"dp_sweep_results_hash": file_hash(path)}
+    ev, prov = evidence_from_sweep(pd.read_csv(path), _dp_config(spec)), {"dp_sweep_results_hash": file_hash(path)}
+    norms = study.paths.dp_grad_norms
+    if norms.is_file():  # written by the same DP sweep (public sequences' per-example gradient norms)
+        ev = dataclasses.replace(ev, grad_norms=json.loads(norms.read_text())["norms"])
+        prov["dp_grad_norms_hash"] = file_hash(norms)
+    return ev, prov
 
 
 def _log_plan(study: StudyContext, plan: TransferPlan, path: Path) -> str | None:

@@ -22,6 +22,7 @@ and is not covered by ε.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -170,3 +171,49 @@ def run_dp_lm_finetune(
         "sigma": sigma,
         "steps": t,
     }
+
+
+def public_sequences(spec: StudySpec, n: int = 256) -> torch.Tensor | None:
+    """Up to `n` sequences of the corpus' training split after the N private ones (disjoint from
+    them; public in the single-corpus framing of benchmarks/dp_lm.py), for measuring per-example
+    gradient norms; None when the corpus has no sequence beyond N."""
+    from hptransfer.dp.lm import private_sequences, sequence_count
+
+    big_n, avail = dataset_size(spec), sequence_count(spec.data, spec.model.seq_len)
+    extra = min(n, avail - big_n)
+    return private_sequences(spec.data, spec.model.seq_len, big_n + extra)[big_n:] if extra > 0 else None
+
+
+def per_example_grad_norms(task: LMTask, sequences: torch.Tensor, seed: int = 0) -> list[float]:
+    """‖g_i‖ of each sequence's mean next-token loss at the model a trial starts from (the task's
+    width, `init_from` when set), by Opacus' per-sample gradients: the distribution the clipping
+    bound is read from (`dp.rule.clip_from_norms`). Measure it on public sequences: C set from
+    private norms would itself leak."""
+    from opacus import GradSampleModule
+
+    from hptransfer.dp.lm import load_init_from, register_mu_readout
+    from hptransfer.hyperparameters import Hyperparameters
+    from hptransfer.models import training_setup
+
+    register_mu_readout()
+    model = training_setup(
+        task.model,
+        task.width,
+        base_width=task.base_width,
+        hps=Hyperparameters.of(task.fixed, {"lr": 1.0}),
+        total_steps=1,
+        seed=seed,
+        rule=task.rule,
+    ).model
+    if task.init_from:
+        load_init_from(model, task.init_from)
+    gsm = GradSampleModule(model)
+    # lm_loss is a mean over the batch; GradSampleModule (loss_reduction="mean") rescales grad_sample
+    # by the batch size, so each row is the gradient of that sequence's own mean loss.
+    with warnings.catch_warnings():  # Opacus' hooks on inputs that need no grad: harmless
+        warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+        lm_loss(gsm(sequences[:, :-1]), sequences[:, 1:]).backward()
+    sq = sum(p.grad_sample.flatten(1).pow(2).sum(1) for p in model.parameters() if p.grad_sample is not None)
+    norms = torch.sqrt(sq)
+    gsm.remove_hooks()
+    return [float(x) for x in norms]

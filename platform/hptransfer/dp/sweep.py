@@ -194,7 +194,7 @@ def best_per_epsilon(df: pd.DataFrame, kind: TaskKind) -> pd.DataFrame:
 
 
 def _task_setup(spec: StudySpec, task: str, width: int | None, pretrain_width: int, log):
-    """(trainable with its data bound, N, params for MLflow) for `task`."""
+    """(trainable with its data bound, N, params for MLflow, the task's data) for `task`."""
     from ray import tune
 
     if task == "lm":
@@ -209,6 +209,7 @@ def _task_setup(spec: StudySpec, task: str, width: int | None, pretrain_width: i
             tune.with_parameters(_lm_trainable, task=lm),
             lm.private_size,
             {"width": lm.width, "init_from": lm.init_from or "fresh"},
+            lm,
         )
     if task == "digits":
         from hptransfer.dp.task import load_task, pretrain
@@ -219,8 +220,30 @@ def _task_setup(spec: StudySpec, task: str, width: int | None, pretrain_width: i
             tune.with_parameters(_digits_trainable, task=data, body=body),
             data.private_size,
             {"pretrain_width": pretrain_width},
+            data,
         )
     raise DPError("--task", [f"--task must be one of {', '.join(TASKS)}, got {task!r}"])
+
+
+def _save_grad_norms(study: StudyContext, spec: StudySpec, lm, log) -> None:
+    """Per-example gradient norms of the trials' starting model on public sequences (those after the
+    N private ones), for the plan's clipping bound C(ε) and re-weighting diagnostic; written
+    atomically to the study's dp_grad_norms.json. Skipped, with a line, when the corpus has none."""
+    from hptransfer.dp.lm_task import per_example_grad_norms, public_sequences
+    from hptransfer.io import write_json
+
+    public = public_sequences(spec)
+    if public is None:
+        log("dp-sweep (lm): no public sequences beyond the N private ones: the plan keeps C = dp.clip_reference")
+        return
+    norms = per_example_grad_norms(lm, public, seed=spec.seed)
+    write_json(
+        study.paths.dp_grad_norms,
+        {"norms": norms, "width": lm.width, "init_from": lm.init_from, "source": "corpus sequences after the first N"},
+    )
+    log(
+        f"dp-sweep (lm): per-example gradient norms of {len(norms)} public sequences, median {sorted(norms)[len(norms) // 2]:.4g}"
+    )
 
 
 def run_dp_sweep(
@@ -252,7 +275,9 @@ def run_dp_sweep(
         )
     lrs = lrs or [spec.dp.lr or 3e-3]
     seeds = seeds or list(spec.sweep.seeds)
-    trainable, n, task_params = _task_setup(spec, task, width, pretrain_width, log)
+    trainable, n, task_params, data = _task_setup(spec, task, width, pretrain_width, log)
+    if task == "lm":
+        _save_grad_norms(study, spec, data, log)
     points = sweep_points(spec, epsilons, n)
     log(
         f"dp-sweep ({task}): {len(points) * len(lrs) * len(seeds)} trials over ε {epsilons}, "
