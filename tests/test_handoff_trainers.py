@@ -178,7 +178,7 @@ def test_torchtitan_config_gives_each_parameter_its_groups(handoff):
 @pytest.mark.slow
 def test_checks_fail_on_a_wrong_group(handoff):
     """The writer's torchtitan and Megatron checks raise when one parameter's value is off."""
-    from hptransfer.handoff.to_megatron import _megatron_model, _single_process_group, check_megatron
+    from hptransfer.handoff.to_megatron import _megatron_model, check_megatron, megatron_groups
     from hptransfer.handoff.to_torchtitan import check_torchtitan, torchtitan_values
 
     d, res = handoff
@@ -187,7 +187,7 @@ def test_checks_fail_on_a_wrong_group(handoff):
     check_torchtitan(res.files["torchtitan"], tt, spec)
     with pytest.raises(RuntimeError, match=r"lm_head\.weight"):
         check_torchtitan(res.files["torchtitan"], {**tt, "lm_head.weight": (0.02 * 0.125, 0.8, 1e-8)}, spec)  # ε dropped
-    with _single_process_group():
+    with megatron_groups():
         model = _megatron_model(tiny_llama().config)
         text = res.files["megatron"].read_text()
         assert "'output_layer.weight',), 0.0025, 0.8, 8e-08" in text

@@ -135,36 +135,40 @@ def grouped_globs(values: dict[str, Mults]) -> list[tuple[list[str], Mults]]:
 
 
 @contextlib.contextmanager
-def _single_process_group():
-    """A 1-process gloo group on loopback (Megatron's group builder all-gathers), unless one exists."""
+def megatron_groups():
+    """A 1-process gloo group on loopback and Megatron's model-parallel state (its group builder
+    all-gathers), each created only if absent and torn down after."""
     import torch.distributed as dist
+    from megatron.core import parallel_state
 
-    if dist.is_initialized():
-        yield
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    own_pg = not dist.is_initialized()
+    if own_pg:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    own_mp = not parallel_state.model_parallel_is_initialized()
+    if own_mp:
+        parallel_state.initialize_model_parallel()
     try:
         yield
     finally:
-        dist.destroy_process_group()
+        if own_mp:
+            parallel_state.destroy_model_parallel()
+        if own_pg:
+            dist.destroy_process_group()
 
 
 def _megatron_model(config: Any):
     """A Megatron-core GPTModel (local spec, CPU) with the HF Llama's depth, heads and layout; width
-    shrunk to 2 per head, since parameter names and groups do not depend on it."""
+    shrunk to 2 per head, since parameter names and groups do not depend on it. Inside `megatron_groups()`."""
     import torch
-    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer import TransformerConfig
 
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel()
     tc = TransformerConfig(
         num_layers=config.num_hidden_layers,
         hidden_size=2 * heads,
@@ -261,7 +265,7 @@ def write_megatron(out: Path, spec: OptimizerSpec, hf_values: dict[str, Mults], 
         import megatron.core.optimizer  # noqa: F401
     except ImportError as e:
         return path, [*notes, f"Megatron-core: not installed here ({e.name}); {path.name} was written but NOT checked"]
-    with _single_process_group():
+    with megatron_groups():
         if llama:
             model = _megatron_model(config)
             # Megatron's names for DIR/model's tensors (the TE spec's extra globs match nothing here).
