@@ -265,6 +265,8 @@ def write_megatron(out: Path, spec: OptimizerSpec, hf_values: dict[str, Mults], 
         import megatron.core.optimizer  # noqa: F401
     except ImportError as e:
         return path, [*notes, f"Megatron-core: not installed here ({e.name}); {path.name} was written but NOT checked"]
+    except Exception as e:  # a broken install (e.g. a triton that does not match torch) must not stop the hand-off
+        return path, [*notes, f"Megatron-core: import failed ({type(e).__name__}: {e}); {path.name} was written but NOT checked"]
     with megatron_groups():
         if llama:
             model = _megatron_model(config)

@@ -290,5 +290,7 @@ def write_torchtitan(out: Path, spec: OptimizerSpec, hf_values: dict[str, Mults]
         import torchtitan.trainer  # noqa: F401
     except ImportError as e:
         return path, [*notes, f"torchtitan: not installed here ({e.name}); {path.name} was written but NOT checked"]
+    except Exception as e:  # a broken install (e.g. a triton that does not match torch) must not stop the hand-off
+        return path, [*notes, f"torchtitan: import failed ({type(e).__name__}: {e}); {path.name} was written but NOT checked"]
     notes += check_torchtitan(path, tt_values, spec)
     return path, notes
