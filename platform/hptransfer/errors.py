@@ -114,7 +114,7 @@ EXIT_RETRYABLE = 75  # sysexits' EX_TEMPFAIL: a temporary stop; resubmitting the
 
 
 class Stopped(Exception):
-    """Not a mistake to fix: the run stopped on purpose (preemption: SIGTERM) and its state is kept.
+    """Not a mistake to fix: the run stopped (preemption: SIGTERM; workers or nodes lost) and its state is kept.
     The CLI prints the message and exits with EXIT_RETRYABLE, so a scheduler that retries failed
     jobs (a RayJob's backoffLimit, a Job's podFailurePolicy on exit code 75) resubmits it."""
 

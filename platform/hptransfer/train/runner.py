@@ -38,9 +38,10 @@ class TrainingPreempted(Stopped):
     command with --resume (or the same `hpt run`) continues. Exit status 75 (errors.EXIT_RETRYABLE)."""
 
 
-class TrainingStopped(RuntimeError):
+class TrainingStopped(Stopped, RuntimeError):
     """The large run stopped before its end (a worker failed more often than `train.max_failures`
-    allows); its latest checkpoint is kept, and `--resume` continues from it."""
+    allows, or the cluster lost the room for its workers); its latest checkpoint is kept, and
+    `--resume` continues from it. The CLI prints the line and exits 75: a resubmitted job resumes."""
 
 
 def launch_for(plan: TransferPlan, *, dp_seed: int | None = None) -> Launch:
@@ -267,7 +268,10 @@ def fit_on_ray_train(ctx: StudyContext, plan: TransferPlan, loop, loop_config: d
         run_config=RunConfig(
             name=TRAIN_EXPERIMENT,
             storage_path=str(paths.ray_storage),
-            failure_config=FailureConfig(max_failures=plan.train.max_failures),
+            # Ray Train V2 retries a worker group it cannot place (a node lost: not enough CPUs/GPUs
+            # left) every RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s) without limit by default: the
+            # run would hang. Bounded like worker failures, it stops with the error below instead.
+            failure_config=FailureConfig(max_failures=plan.train.max_failures, controller_failure_limit=plan.train.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=plan.train.keep_checkpoints),
         ),
     )
@@ -282,6 +286,14 @@ def fit_on_ray_train(ctx: StudyContext, plan: TransferPlan, loop, loop_config: d
     except ray.train.TrainingFailedError as e:
         tracker.end("FAILED")
         cause = str(e).strip().splitlines()
+        if "worker group startup timed out" in str(e):
+            need = f"{plan.train.workers} workers × {plan.train.cpus_per_worker:g} CPU" + (f" + {gpus:g} GPU" if gpus else "")
+            raise TrainingStopped(
+                f"the large run stopped: the cluster could not place its {need} "
+                f"({plan.train.max_failures + 1} tries; a node lost or preempted?). Its latest checkpoint is kept under "
+                f"{paths.ray_storage}: once the cluster has room again, continue with the same `hpt train` and --resume "
+                "(or the same `hpt run`)"
+            ) from e
         raise TrainingStopped(
             f"the large run stopped: a worker failed and train.max_failures={plan.train.max_failures} "
             f"restart(s) were allowed. Its latest checkpoint is kept under {paths.ray_storage}: continue "
