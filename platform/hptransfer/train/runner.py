@@ -270,8 +270,11 @@ def fit_on_ray_train(ctx: StudyContext, plan: TransferPlan, loop, loop_config: d
             storage_path=str(paths.ray_storage),
             # Ray Train V2 retries a worker group it cannot place (a node lost: not enough CPUs/GPUs
             # left) every RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s) without limit by default: the
-            # run would hang. Bounded like worker failures, it stops with the error below instead.
-            failure_config=FailureConfig(max_failures=plan.train.max_failures, controller_failure_limit=plan.train.max_failures),
+            # run would hang. Bounded, it stops with the error below instead; at least 3 tries, so a
+            # slow start on a loaded machine (or a node being replaced) is not mistaken for a lost one.
+            failure_config=FailureConfig(
+                max_failures=plan.train.max_failures, controller_failure_limit=placement_tries(plan) - 1
+            ),
             checkpoint_config=CheckpointConfig(num_to_keep=plan.train.keep_checkpoints),
         ),
     )
@@ -290,7 +293,7 @@ def fit_on_ray_train(ctx: StudyContext, plan: TransferPlan, loop, loop_config: d
             need = f"{plan.train.workers} workers × {plan.train.cpus_per_worker:g} CPU" + (f" + {gpus:g} GPU" if gpus else "")
             raise TrainingStopped(
                 f"the large run stopped: the cluster could not place its {need} "
-                f"({plan.train.max_failures + 1} tries; a node lost or preempted?). Its latest checkpoint is kept under "
+                f"({placement_tries(plan)} tries; a node lost or preempted?). Its latest checkpoint is kept under "
                 f"{paths.ray_storage}: once the cluster has room again, continue with the same `hpt train` and --resume "
                 "(or the same `hpt run`)"
             ) from e
@@ -303,6 +306,12 @@ def fit_on_ray_train(ctx: StudyContext, plan: TransferPlan, loop, loop_config: d
     except Exception:
         tracker.end("FAILED")
         raise
+
+
+def placement_tries(plan: TransferPlan) -> int:
+    """How often Ray Train tries to place the worker group before the run stops (each try waits
+    RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S, 60 s by default)."""
+    return max(plan.train.max_failures, 2) + 1
 
 
 def _check_same_model(previous_plan: Path, plan: TransferPlan) -> None:
