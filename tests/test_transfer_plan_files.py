@@ -18,16 +18,21 @@ from hptransfer.plan_diagnostics import Diagnostics, DriftFit, DriftVerdict, Los
 
 OLD = sorted((Path(__file__).parent / "data" / "old_plans").glob("*.yaml"))
 EMPTY = (None, [], {}, [None, None])
+# Fields added since, whose default is the behaviour the old plans were made under: their value is that
+# default, nothing else (depth: standard residuals; SIGTERM: a checkpoint when the last is ≥ 60 s old).
+LATER_DEFAULTS = {"depth_parametrization": "none", "stop_checkpoint_after_s": 60.0}
 
 
 def _same(raw, loaded, path="") -> list[str]:
     """Where `loaded` (the typed plan, dumped) differs from `raw` (the file). Keys the file did not
-    have may only be empty: a field added to the model is null for an old plan, nothing else."""
+    have may only be empty: a field added to the model is null for an old plan (or the default that
+    keeps the old behaviour, LATER_DEFAULTS), nothing else."""
     if not isinstance(raw, dict):
         return [] if raw == loaded else [f"{path}: file {raw!r}, loaded {loaded!r}"]
     out = [f"{path}.{k}: missing" for k in raw if k not in loaded]
     out += [d for k in raw if k in loaded for d in _same(raw[k], loaded[k], f"{path}.{k}")]
-    return out + [f"{path}.{k}: new {loaded[k]!r}" for k in set(loaded) - set(raw) if loaded[k] not in EMPTY]
+    new = [k for k in set(loaded) - set(raw) if loaded[k] not in EMPTY and LATER_DEFAULTS.get(k, object()) != loaded[k]]
+    return out + [f"{path}.{k}: new {loaded[k]!r}" for k in new]
 
 
 def test_the_fixtures_cover_every_verdict():
