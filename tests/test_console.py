@@ -1,17 +1,14 @@
 """What a person running `hpt run` sees (issue 15): progress lines from the coordinate check, the
 sweep and the large run; none of the library noise on the console, all of it in the study's log
 file; everything back with `--verbose`. The slow tests read the session's one real run of a tiny
-spec in a fresh process (`hpt_run_study` in conftest.py), then make one `--verbose` re-run of a copy
-of that study (it resumes: the sweep keeps its trials, the large run its final checkpoint, so it is
-the cheaper of the two). The fast ones check the pieces: the routing of Ray worker output, the
+spec in a fresh process (`hpt_run_study` in conftest.py); the `--verbose` re-run of a copy of that
+study (it resumes: the sweep keeps its trials, the large run its final checkpoint) is the local
+launcher's real run in test_launchers.py. The fast ones check the pieces: the routing of Ray worker output, the
 driver's tail of rank 0's progress, the progress lines and the batched MLflow writes."""
 
 import json
 import logging
 import re
-import shutil
-import subprocess
-import sys
 import threading
 import time
 
@@ -39,12 +36,6 @@ NOISE = [
 # Printed on some machines only (e.g. several Ray instances on one host): never on the console.
 SOMETIMES = ["PlacementGroupCleaner", "Failed to query Ray Train Controller actor state", "Token authentication"]
 PROGRESS = re.compile(r"^train step (\d+)/(\d+)  loss \d+\.\d{4}(  val \d+\.\d{4})?  tok/s \d+  ETA \S+$", re.M)
-
-
-def hpt(*args: str) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "hptransfer", *args], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
-    return r
 
 
 @pytest.fixture
@@ -92,18 +83,10 @@ def test_progress_json_and_status_of_the_finished_study(study):
     assert st["mlflow"]["tracking_uri"] == f"sqlite:///{study['dir'] / 'mlflow.db'}"
 
 
-@pytest.mark.slow
-def test_verbose_brings_the_noise_back(study, tmp_path):
-    again = shutil.copytree(study["dir"], tmp_path / "study")  # the shared study stays as its run left it
-    r = hpt("--verbose", "run", str(study["spec"]), "--study-dir", str(again), "--skip-coord-check")
-    console = r.stdout + r.stderr
-    for noise in ("TrainingReport(", "deepspeed_shm_comm_op built", "(RayTrainWorker pid="):
-        assert noise in console, f"{noise!r} not on the console under --verbose:\n{console[-3000:]}"
-    assert f"resumed from the checkpoint at step {STEPS}/{STEPS}" in console  # rank 0's line, via progress.log
-    assert "\x1b[" not in console
-    # the re-run found the large run finished: its final metrics are still those of the last step
-    final = json.loads((again / "train" / "train_metrics.json").read_text())["final"]
-    assert final["step"] == STEPS and final["status"] == "ok" and "val_loss" in final
+# `--verbose` brings the noise back: checked on the re-run that test_launchers.py's
+# test_local_launcher_runs_hpt_run makes of a copy of the shared study through launchers/local.py
+# --verbose (one resume for both; each costs ~50 s of start-up). What it finds there:
+VERBOSE_NOISE = ("TrainingReport(", "deepspeed_shm_comm_op built", "(RayTrainWorker pid=")
 
 
 # --- the pieces, fast -----------------------------------------------------------------------------

@@ -61,23 +61,34 @@ def test_local_launcher_dry_run_prints_the_hpt_run_it_would_make() -> None:
 @pytest.mark.slow
 def test_local_launcher_runs_hpt_run(hpt_run_study: dict, tmp_path: Path) -> None:
     """The launcher itself, no dry run, cheaply: on a copy of the session's finished study, the
-    `hpt run` it makes in its own process resumes every stage (the sweep keeps its trials, the large
-    run finds its last checkpoint) and writes the report again."""
+    `hpt --verbose run` it makes in its own process resumes every stage (the sweep keeps its trials,
+    the large run finds its last checkpoint) and writes the report again. The same re-run is
+    test_console's check that `--verbose` brings the library output back to the console: one
+    resume for both (each pays ~50 s of Ray and DeepSpeed start-up)."""
+    from test_console import STEPS, VERBOSE_NOISE
+
     study = shutil.copytree(hpt_run_study["dir"], tmp_path / "study")  # the shared study stays as it is
     report, metrics = study / "report" / "index.html", study / "train" / "train_metrics.json"
     report.unlink()
-    r = run_launcher("local.py", str(hpt_run_study["spec"]), "--study-dir", str(study), timeout=600)
+    r = run_launcher("local.py", str(hpt_run_study["spec"]), "--study-dir", str(study), "--verbose", timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    assert "hpt " + shlex.join(["run", str(hpt_run_study["spec"]), "--study-dir", str(study)]) in r.stderr
+    assert "hpt " + shlex.join(["--verbose", "run", str(hpt_run_study["spec"]), "--study-dir", str(study)]) in r.stderr
     assert "[sweep] 6/6 trials kept from the earlier run: nothing left to train" in r.stdout, r.stdout[-3000:]
     assert "study done" in r.stdout and report.stat().st_size > 1000
     # The large run was finished: resumed at its last step, with the same final losses, not trained again.
     before = json.loads((hpt_run_study["dir"] / "train" / "train_metrics.json").read_text())["final"]
     after = json.loads(metrics.read_text())["final"]
-    assert after["resumed_from_step"] == before["step"] == after["step"], (before, after)
+    assert after["resumed_from_step"] == before["step"] == after["step"] == STEPS, (before, after)
     assert {k: after[k] for k in ("train_loss", "val_loss", "status")} == {
         k: before[k] for k in ("train_loss", "val_loss", "status")
     }
+    assert after["status"] == "ok" and "val_loss" in after
+    # --verbose: Ray's, Ray Train's and DeepSpeed's output on the console, as plain text
+    console = r.stdout + r.stderr
+    for noise in VERBOSE_NOISE:
+        assert noise in console, f"{noise!r} not on the console under --verbose:\n{console[-3000:]}"
+    assert f"resumed from the checkpoint at step {STEPS}/{STEPS}" in console  # rank 0's line, via progress.log
+    assert "\x1b[" not in console
 
 
 def test_kubernetes_launcher_without_a_cluster_writes_a_valid_rayjob(tmp_path: Path) -> None:
@@ -457,3 +468,65 @@ def test_the_head_prestop_hook_gives_a_running_driver_its_sigterm(cluster: Loopb
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "FINAL STOPPED" in r.stdout, r.stdout[-3000:]
     assert marker.read_text() == "SIGTERM handled"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(
+    os.environ.get("HPT_MULTINODE_FAULTS") != "1",
+    reason="~3 min and it kills this module's worker node: run with HPT_MULTINODE_FAULTS=1 (kept out of CI's budget)",
+)
+def test_a_lost_worker_node_stops_the_large_run_with_the_line_that_continues_it(cluster: LoopbackCluster, tmp_path: Path) -> None:
+    """The large run's 2 workers on the two nodes (1 CPU each); the worker node's processes killed
+    mid-run. Ray Train cannot place 2 workers on what is left: the run stops after
+    train.placement tries (not hang, as Ray Train V2's unbounded retries did), naming what it needs,
+    exit 75. Runs last in this module: the cluster has one node afterwards."""
+    import json
+
+    from hptransfer.plan import TargetShape, TransferPlan, save_plan
+    from hptransfer.spec import parse_spec
+
+    from conftest import e2e_spec_dict
+
+    spec = parse_spec(e2e_spec_dict())
+    plan = TransferPlan(
+        study="lost-node",
+        rule="mup",
+        model=spec.model,
+        base_width=16,
+        target=TargetShape(width=64, steps=40, batch_size=8, seq_len=16),
+        hyperparameters={"lr": 0.03, "warmup_steps": 2},
+        data=spec.data,
+        train=spec.train.model_copy(update={"checkpoint_every": 1, "max_failures": 0}),
+    )
+    study = tmp_path / "study"
+    save_plan(plan, study / "transfer_plan.yaml")
+    env = {**cluster.env, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
+    p = subprocess.Popen(
+        [PY, "-m", "hptransfer", "train", str(study / "transfer_plan.yaml"), "--address", f"127.0.0.1:{cluster.gcs_port}"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    progress = study / "train" / "progress.json"
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and p.poll() is None:
+        try:
+            if json.loads(progress.read_text()).get("checkpoint_step", 0) >= 3:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
+    worker_node = str(cluster.root / "worker")
+    ranks = [int(f.read_text()) for f in (study / "train" / "pids").glob("rank*")]
+    on_worker = [psutil.Process(pid).environ().get("RAY_TMPDIR", "").startswith(worker_node) for pid in ranks]
+    assert sorted(on_worker) == [False, True], "one rank on each node"
+    for proc in cluster.processes():
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            if proc.environ().get("RAY_TMPDIR", "").startswith(worker_node) or worker_node in " ".join(proc.cmdline()):
+                proc.kill()
+    out, _ = p.communicate(timeout=400)
+    assert p.returncode == 75, out[-4000:]
+    assert "the cluster could not place its 2 workers × 1 CPU (3 tries; a node lost or preempted?)" in out, out[-3000:]
+    assert "--resume" in out and "Traceback" not in out.split("stopped:")[-1]
