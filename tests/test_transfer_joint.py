@@ -151,7 +151,13 @@ def test_grid_detection():
     assert is_grid(g, HPS)
     assert is_grid(g.sample(frac=0.6, random_state=0), HPS)  # holes (dropped trials) keep it a grid
     assert not is_grid(scattered(n=20), HPS)
-    assert is_grid(scattered(n=20), ["lr"])  # one hyperparameter: the 1-D fit takes any values
+    # One hyperparameter: a grid run at every width, or its own evenly spaced grid per width (holes
+    # allowed), is a grid; a searcher's values are not.
+    one = grid_table()[lambda d: d["output_mult"] == 1.0].drop(columns="output_mult")
+    assert is_grid(one, ["lr"]) and is_grid(one.drop(index=one.index[[2, 5]]), ["lr"])
+    shifted = one.assign(lr=one["lr"] * np.where(one["width"] == 64, 1.3, 1.0))
+    assert is_grid(shifted, ["lr"])
+    assert not is_grid(scattered(n=20), ["lr"])
     # One scattered width makes the table scattered: every width gets the same estimator.
     assert not is_grid(pd.concat([g[g["width"] == 32], scattered(widths=(64,), n=30)]), HPS)
 
@@ -257,3 +263,24 @@ def test_hpt_transfer_reads_a_scattered_table_and_the_plan_round_trips(tmp_path)
 def test_every_new_diagnostic_says_what_it_is():
     for model in (JointOptimum, HyperparameterTransfer, OptimumSummary):
         assert not [n for n, f in model.model_fields.items() if not f.description], model.__name__
+
+
+def test_a_one_dimensional_search_is_fitted_by_the_local_quadratic_not_the_grid_window():
+    """An LR-only random search (20 points, σ = 0.02): the grid's fit, a parabola through the best
+    point and its nearest neighbours, chases the noise between close points; the weighted quadratic
+    over the best half does not. Measured over 20 draws: rms error of log ν* 0.07 vs 0.25."""
+    from hptransfer.transfer.optimum import fit_optimum
+
+    rng = np.random.default_rng(3)
+    joint, window = [], []
+    for _ in range(20):
+        lr = np.exp(rng.uniform(math.log(1e-4), math.log(1e-1), 20))
+        loss = 2 + 0.08 * np.log(lr / LR) ** 2 + 0.02 * rng.standard_normal(20)
+        df = pd.DataFrame({"width": 64, "lr": lr, "val_loss": loss, "status": "ok"})
+        joint.append(math.log(joint_optimum(df, ["lr"], n_boot=20)["lr"].value / LR))
+        window.append(math.log(fit_optimum(lr, loss, n_boot=0).value / LR))
+    rms_joint, rms_window = (float(np.sqrt(np.mean(np.square(e)))) for e in (joint, window))
+    assert rms_joint < 0.5 * rms_window and rms_joint < LR_STEP / 2, (rms_joint, rms_window)
+    table = scattered(widths=(32, 64), n=20).drop(columns="output_mult")  # an LR-only search's table
+    fits = optima_by_width(check_results(table, ["lr"]), ["lr"])
+    assert all(f["lr"].joint is not None for f in fits.values())

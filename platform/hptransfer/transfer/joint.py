@@ -49,14 +49,35 @@ def is_grid(results: pd.DataFrame, tuned: list[str]) -> bool:
     """True when every width's points lie on a (product) grid of its values: distinct points ≥
     GRID_FILL × Π_j (distinct values of hyperparameter j). A grid with holes (dropped or missing
     trials) stays a grid; scattered points (each with its own values) fill ~n/n^k of the product.
-    One tuned hyperparameter is always a grid (the 1-D fit takes any values). Every row counts,
-    whatever its status: the design, not the outcome, decides."""
-    if len(tuned) < 2:
-        return True
+    One tuned hyperparameter: a grid when its values recur across widths or are evenly spaced in its
+    search scale (holes allowed) at every width (`_grid_1d`); a searcher's values do neither. Every
+    row counts, whatever its status: the design, not the outcome, decides."""
+    if len(tuned) == 1:
+        return _grid_1d(results, tuned[0])
     for _, g in results.groupby("width"):
         distinct = len(g[tuned].drop_duplicates())
         product = math.prod(g[hp].nunique() for hp in tuned)
         if distinct < GRID_FILL * product:
+            return False
+    return True
+
+
+SPACING_TOLERANCE = 0.03  # a gap within 3% of 1, 2 or 3 grid steps is a grid's (with holes)
+
+
+def _grid_1d(results: pd.DataFrame, hp: str) -> bool:
+    """One hyperparameter's values form a grid: at every width, half or more of its distinct values
+    recur at another width (one grid, run at each width), or they are evenly spaced in the search
+    scale up to holes of two missing values (a grid of its own per width)."""
+    values = {int(w): set(pd.to_numeric(g[hp]).astype(float)) for w, g in results.groupby("width")}
+    log = hp in LOG_SCALE
+    for w, mine in values.items():
+        others = set().union(*(v for o, v in values.items() if o != w))
+        if len(mine) <= 2 or len(mine & others) >= len(mine) / 2:
+            continue
+        x = np.sort(np.log(list(mine)) if log else np.array(list(mine)))
+        gaps = np.diff(x) / np.diff(x).min()
+        if not np.all((np.abs(gaps - np.round(gaps)) <= SPACING_TOLERANCE * np.round(gaps)) & (np.round(gaps) <= 3)):
             return False
     return True
 
