@@ -19,7 +19,8 @@ Plans, each from `transfer.engine.make_plan` (the code `hpt transfer` runs), rul
       the baseline's: the parameters those laws are about).
 Ground truth: a direct sweep at the target on the same LR grid, seeds 0, 1, 2 per LR, around (a)'s
 and (b)'s LRs, extended while the optimum is on the swept range's edge (as transfer_regret.py); the
-baselines are priced against its best.
+baselines are priced against its best. A grid LR within 0.1% of a plan's LR is that plan's runs
+(width-only's 0.0639845 is the grid's 0.064 up to rounding).
 Each plan's LR is trained at the target with the same seeds; regret is paired by seed:
 
     regret_s = (L_plan(s) − L_best(s)) / mean_s L_best(s),   95% t-interval over seeds
@@ -189,24 +190,31 @@ def ladder_table(cache: RunCache, procs: int):
     return pd.DataFrame(rows), list(res.values())
 
 
+def _snap(lr: float, done: list[float]) -> float:
+    """A grid LR within 0.1% of an LR already trained at the target is that run (a plan's LR that is a
+    grid point up to rounding: the same training, not run twice)."""
+    return next((d for d in done if abs(d / lr - 1) < 1e-3), lr)
+
+
 def direct_sweep(cache: RunCache, centers: list[float], procs: int) -> dict[str, dict]:
     """The target's LR grid × SEEDS around the plans' LRs, extended while the optimum is on an edge."""
     t = TARGET
-    idx = {i for i, lr in enumerate(GRID) if any(c / 2.01 <= lr <= c * 2.01 for c in centers)}
+    grid = [_snap(g, centers) for g in GRID]
+    idx = {i for i, lr in enumerate(grid) if any(c / 2.01 <= lr <= c * 2.01 for c in centers)}
     if not idx:
-        idx = {min(range(len(GRID)), key=lambda i: min(abs(math.log(GRID[i] / c)) for c in centers))}
+        idx = {min(range(len(grid)), key=lambda i: min(abs(math.log(grid[i] / c)) for c in centers))}
     while True:
-        keys = [run_key(t["width"], GRID[i], t["steps"], t["batch_size"], s) for i in sorted(idx) for s in SEEDS]
+        keys = [run_key(t["width"], grid[i], t["steps"], t["batch_size"], s) for i in sorted(idx) for s in SEEDS]
         res = run_all(cache, keys, procs)
         mean = {}
         for i in sorted(idx):
-            ls = [res[key_str(run_key(t["width"], GRID[i], t["steps"], t["batch_size"], s))] for s in SEEDS]
+            ls = [res[key_str(run_key(t["width"], grid[i], t["steps"], t["batch_size"], s))] for s in SEEDS]
             ok = all(r["status"] == "ok" and math.isfinite(r["val_loss"]) for r in ls)
             mean[i] = sum(r["val_loss"] for r in ls) / len(ls) if ok else math.inf
         b = min(mean, key=mean.get)
         if b == min(idx) and b > 0:
             idx.add(b - 1)
-        elif b == max(idx) and b < len(GRID) - 1:
+        elif b == max(idx) and b < len(grid) - 1:
             idx.add(b + 1)
         else:
             return res
@@ -218,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, default=RESULTS / "axes_regret.json")
     ap.add_argument("--cache", type=Path, default=CACHE, help=f"JSON-lines run cache (default: {CACHE}; env HPT_BENCH_CACHE)")
     ap.add_argument("--cached-only", action="store_true", help="re-plan from the run cache only; never train")
+    ap.add_argument("--no-baselines", action="store_true", help="leave out (c), the DeepSeek and Step Law LRs (6 target runs)")
     args = ap.parse_args(argv)
     import numpy as np
 
@@ -230,17 +239,23 @@ def main(argv: list[str] | None = None) -> dict:
     table, ladder_runs = ladder_table(cache, args.procs)
     plan = make_plan(parse_spec(spec_dict(LADDER)), table)
     m = TARGET["width"] / LADDER[0]
+    laws = plan.axes["laws"].values()
     lrs = {
         "width-only (before issue 23)": plan.axes["width_rule_lr"] * math.sqrt(TARGET["batch_size"] / BASE["batch_size"]),
         "multi-axis": plan.hyperparameters["lr"],
-        "deepseek": plan.baselines["deepseek"]["lr"] * m,
-        "step_law": plan.baselines["step_law"]["lr"] * m,
+        # the same laws without the bound toward the prior (axes.MAX_FACTOR_SPREAD): the fits' midpoints
+        "multi-axis, unbounded fits": plan.axes["width_rule_lr"]
+        * math.prod(law.get("factor_fitted", law["factor"]) for law in laws),
     }
+    if not args.no_baselines:
+        lrs.update(deepseek=plan.baselines["deepseek"]["lr"] * m, step_law=plan.baselines["step_law"]["lr"] * m)
     t = TARGET
     planned = {n: [run_key(t["width"], lr, t["steps"], t["batch_size"], s) for s in SEEDS] for n, lr in lrs.items()}
-    res = run_all(cache, [k for ks in planned.values() for k in ks], args.procs)
+    first = {n: planned[n] for n in list(planned)[:3]}  # (a), (b) and the unbounded fits before the direct sweep
+    res = run_all(cache, [k for ks in first.values() for k in ks], args.procs)
     # Around (a) and (b), extended until the optimum is bracketed; the baselines are priced against it.
     direct = direct_sweep(cache, [lrs["width-only (before issue 23)"], lrs["multi-axis"]], args.procs)
+    res.update(run_all(cache, [k for ks in planned.values() for k in ks], args.procs))
 
     curve = {}
     for r in direct.values():

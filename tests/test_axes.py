@@ -203,3 +203,21 @@ def test_axis_rows_stay_out_of_the_width_fits():
     plan = make_plan(standalone_spec(df, rule="mup", target_width=2048, model={"family": "mlp"}), df)
     assert plan.diagnostics.optimum_by_width["32"]["lr"].value == pytest.approx(3e-3, rel=1e-6)
     assert plan.diagnostics.trials_by_width["32"]["ok"] == len(GRID) * 3
+
+
+def test_an_axis_law_too_uncertain_at_the_target_is_bounded_toward_the_prior():
+    """Steps 50/100/200 with the 200-step optimum on a noisy dip: the fitted factor's interval at 4×
+    the horizon spans far more than ×/÷2, so the value in it nearest the prior's factor is used."""
+    from hptransfer.transfer.axes import axis_law
+
+    x = [math.log(0.036), math.log(0.046), math.log(0.244)]
+    law = axis_law("steps", [50, 100, 200], x, [0.35, 0.35, 0.35], [None] * 3, 100, 400)
+    assert law["bounded"] and law["factor_fitted"] > 4
+    lo, hi = law["factor_interval"]
+    assert hi / lo > 4 and law["factor"] == pytest.approx(min(max(4 ** PRIORS["steps"].exponent, lo), hi))
+    wide = axis_law("steps", [50, 100, 200], x, [1.0] * 3, [None] * 3, 100, 400)  # the prior inside: the prior
+    assert wide["factor"] == pytest.approx(4 ** PRIORS["steps"].exponent)
+    tight = axis_law(
+        "steps", [50, 100, 200], [math.log(0.05 * (v / 100) ** -0.5) for v in (50, 100, 200)], [0.05] * 3, [None] * 3, 100, 400
+    )
+    assert "bounded" not in tight and tight["factor"] == pytest.approx(0.5)

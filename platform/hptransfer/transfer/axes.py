@@ -68,7 +68,8 @@ BASELINE_EXPONENTS = {
     "depth": {"deepseek": -0.125, "step_law": -0.713},
 }
 
-# An axis factor whose 95% interval is wider than ×/÷ this at the target is flagged (as power-law's).
+# An axis factor whose 95% interval at the target is wider than ×/÷ this is not trusted: the value in
+# the interval nearest the prior's factor is used, with a warning (as power-law's bound). Assumption.
 MAX_FACTOR_SPREAD = 2.0
 
 
@@ -178,6 +179,12 @@ def axis_law(axis: str, values, x, se, censored, base_value: int, target_value: 
         out["factor_interval"] = [math.exp(b * shift - half), math.exp(b * shift + half)]
     else:
         out["factor_interval"] = None
+    fi = out["factor_interval"]
+    if out["basis"] == "fit" and fi and fi[1] / fi[0] > MAX_FACTOR_SPREAD**2:
+        # Too uncertain to trust its midpoint: the value in the interval nearest the prior's move
+        # (the prior itself when inside) — the least the evidence demands, as power-law's bound.
+        prior_factor = math.exp(prior.exponent * shift)
+        out.update(factor_fitted=out["factor"], factor=min(max(prior_factor, fi[0]), fi[1]), bounded=True)
     out["baselines"] = {name: {"exponent": e, "factor": math.exp(e * shift)} for name, e in BASELINE_EXPONENTS[axis].items()}
     return out
 
@@ -198,10 +205,11 @@ def axis_warnings(law: dict) -> list[str]:
     elif law["verdict"] == "undecided":
         out.append(f"{LABEL[a]} law undecided: {law['reason']}")
     fi = law.get("factor_interval")
-    if fi and fi[1] / fi[0] > MAX_FACTOR_SPREAD**2:
+    if law.get("bounded"):
         out.append(
-            f"the {LABEL[a]} factor at {a}={t} is uncertain: 95% interval ×{fi[0]:.3g}–×{fi[1]:.3g} "
-            f"(point ×{law['factor']:.3g}); add seeds or values of {a} nearer the target"
+            f"the {LABEL[a]} law is uncertain at {a}={t}: its factor's 95% interval ×{fi[0]:.3g}–×{fi[1]:.3g} (fit ×"
+            f"{law['factor_fitted']:.3g}) is wider than ×/÷{MAX_FACTOR_SPREAD:g}; used ×{law['factor']:.3g}, the value in "
+            f"it nearest the prior's (exponent {law['prior_exponent']:+g}); add seeds or values of {a} nearer the target"
         )
     if law.get("basis") == "fit" and law["values"] and not (min(law["values"]) <= t <= max(law["values"])):
         far = t / max(law["values"]) if t > max(law["values"]) else min(law["values"]) / t
