@@ -60,3 +60,11 @@ def test_only_a_new_sqlite_file_in_an_existing_folder_is_seeded(tmp_path):
     ):
         assert not tracking.seed_sqlite_store(uri), uri
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_cache_that_cannot_be_made_leaves_the_store_to_mlflow(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setattr(tracking, "STORE_CACHE", blocker / "hpt_cache")  # its folder cannot be made
+    assert not tracking.seed_sqlite_store(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no store, no temporary file
