@@ -479,7 +479,7 @@ def test_the_head_prestop_hook_gives_a_running_driver_its_sigterm(cluster: Loopb
 def test_a_lost_worker_node_stops_the_large_run_with_the_line_that_continues_it(cluster: LoopbackCluster, tmp_path: Path) -> None:
     """The large run's 2 workers on the two nodes (1 CPU each); the worker node's processes killed
     mid-run. Ray Train cannot place 2 workers on what is left: the run stops after
-    train.placement tries (not hang, as Ray Train V2's unbounded retries did), naming what it needs,
+    runner.placement_tries (not hang, as Ray Train V2's unbounded retries did), naming what it needs,
     exit 75. Runs last in this module: the cluster has one node afterwards."""
     import json
 
@@ -497,7 +497,7 @@ def test_a_lost_worker_node_stops_the_large_run_with_the_line_that_continues_it(
         target=TargetShape(width=64, steps=40, batch_size=8, seq_len=16),
         hyperparameters={"lr": 0.03, "warmup_steps": 2},
         data=spec.data,
-        train=spec.train.model_copy(update={"checkpoint_every": 1, "max_failures": 0}),
+        train=spec.train.model_copy(update={"checkpoint_every": 1, "max_failures": 1}),  # it tries to restart
     )
     study = tmp_path / "study"
     save_plan(plan, study / "transfer_plan.yaml")
