@@ -547,6 +547,80 @@ def dp_lm_section(d: dict) -> str:
 SECTIONS["dp_lm"] = dp_lm_section
 
 
+# --- depth_regret (benchmarks/depth_regret.py): LR* against depth, regret at the target ------------
+
+
+def _lr_ci(o: dict | None) -> str:
+    if not o:
+        return "—"
+    lo, hi = o["ci"]
+    cen = {"upper": " (≤: grid's low edge)", "lower": " (≥: grid's high edge)"}.get(o.get("censored"), "")
+    return f"{o['lr']:.3g} [{g(lo, '.3g')}, {g(hi, '.3g') if hi is not None else '∞'}]{cen}"
+
+
+def depth_regret_section(d: dict) -> str:
+    """Per parametrization: the optimum per depth with its interval, the slope of log LR* against
+    log depth, the paired regret at the target; the verdicts recomputed from those intervals."""
+    from depth_regret import REGRET_CEILING, verdicts
+
+    s = d["setting"]
+    depths = [str(x) for x in s["depths"]]
+    rows = []
+    for par, c in d["curves"].items():
+        sl = c["slope"]
+        r = d["regret"][par]
+        reg = "—" if r.get("regret") is None else f"{_pct(r['regret'])} {_ci_pct(r.get('regret_ci'))}"
+        rows.append(
+            [
+                par,
+                *[_lr_ci(c["optima"].get(x)) for x in depths],
+                "—" if not sl else f"{sl['slope']:+.2f} [{sl['ci'][0]:+.2f}, {sl['ci'][1]:+.2f}]",
+                _lr_ci(r.get("direct")),
+                g(r.get("best_direct_lr"), ".3g"),
+                reg,
+                verdict(*(r.get("regret_ci") or (None, None)), below=REGRET_CEILING) if r.get("regret") is not None else "—",
+            ]
+        )
+    n = d.get("target_noise") or {}
+    noise = (
+        f"Target noise (width {s['target_width']}, depth {s['target_depth']}, completep at the transferred LR, seeds "
+        f"{s['noise_seeds']}): losses {', '.join(f'{x:.4f}' for x in n['losses'])}, seed SD {n['seed_sd']:.4f} "
+        f"({100 * n['relative_sd']:.2f}% of the loss)."
+        if n
+        else "Target noise: not measured."
+    )
+    v = verdicts(d["curves"])
+    missing = d.get("missing_runs") or []
+    return (
+        f"\nllama, µP in width (base width {s['base_width']}, head_dim {s['head_dim']}), base depth {s['base_depth']}; ladder widths "
+        f"{s['ladder_widths']} at depth {s['base_depth']}; LR-vs-depth curves at width {s['curve_width']}, depths {s['depths']}, "
+        f"seeds {s['seeds']}; target width {s['target_width']} depth {s['target_depth']} (direct sweep seeds {s['direct_seeds']}, "
+        f"then {s['noise_seeds']} at its best LR); {s['steps']} steps, batch {s['batch']} × seq {s['seq_len']}. "
+        f"Transferred LR (the ladder's optimum at width {max(s['ladder_widths'])}, used as is): {g(d.get('transferred_lr'), '.4g')}.\n\n"
+        + noise
+        + "\n\n"
+        + md_table(
+            [
+                "parametrization",
+                *[f"LR* at L={x} [95%]" for x in depths],
+                "slope d log LR* / d log L [95%]",
+                f"target LR* (L={s['target_depth']}) [95%]",
+                "best direct LR",
+                "regret of the transferred LR, paired [95% t]",
+                f"regret < {100 * REGRET_CEILING:g}%",
+            ],
+            rows,
+        )
+        + "\n\nVerdicts, from the slope intervals:\n\n"
+        + "\n".join(f"- {k}: **{x}**" for k, x in v.items())
+        + (f"\n\n{len(missing)} runs missing from the cache (not trained): see `missing_runs` in the JSON." if missing else "")
+        + "\n"
+    )
+
+
+SECTIONS["depth_regret"] = depth_regret_section
+
+
 def render() -> str:
     paths = sorted(RESULTS.glob("*.json"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else len(ORDER), p.stem))
     parts = [
