@@ -3,6 +3,7 @@ plan's reasoning, a rerun resumes without training again, and the sweep is logge
 (one MLflow parent, one child per trial). The default task DP-fine-tunes the spec's language model
 on its corpus; the digits task stays reachable with task="digits"."""
 
+import json
 import math
 
 import mlflow
@@ -40,10 +41,16 @@ def test_lm_dp_sweep_stays_private_resumes_and_logs_a_parent_with_children(ray_l
 
     spec = parse_spec(tiny_spec_dict(name="dpsweep-lm", dp={"epsilon": 1.0, **DP}))
     study = Study.from_spec(spec, tmp_path, tracking_uri=mlflow_server)
-    df = run_dp_sweep(study, epsilons=[1.0, 8.0])
+    df = run_dp_sweep(study, epsilons=[1.0, 8.0, math.inf])  # inf: the noise-free arm (σ = 0)
 
     on_disk = pd.read_csv(tmp_path / "dp_sweep_results.csv")
-    assert len(on_disk) == len(df) == 3
+    assert len(on_disk) == len(df) == 4
+    free = on_disk[on_disk.epsilon == math.inf]
+    assert len(free) == 1 and (free.sigma == 0).all() and (free.epsilon_spent == math.inf).all()
+    # the noise-free run of the same (B, C, LR) learns more than the private ones (the step curve's level)
+    assert free.val_loss.iloc[0] < on_disk[on_disk.epsilon == 1.0].val_loss.min()
+    norms = json.loads((tmp_path / "dp_grad_norms.json").read_text())["norms"]  # public sequences after N
+    assert len(norms) > 0 and all(g > 0 for g in norms)
     assert (on_disk.status == "ok").all()
     assert (on_disk.epsilon_spent <= on_disk.epsilon + 1e-9).all()  # private, every one
     assert on_disk.val_loss.map(math.isfinite).all()
@@ -55,7 +62,7 @@ def test_lm_dp_sweep_stays_private_resumes_and_logs_a_parent_with_children(ray_l
     assert (tmp_path / "dp_sweep.png").stat().st_size > 5000
 
     trained = _trial_results(study)
-    again = run_dp_sweep(study, epsilons=[1.0, 8.0])  # resume: everything finished, nothing trains
+    again = run_dp_sweep(study, epsilons=[1.0, 8.0, math.inf])  # resume: everything finished, nothing trains
     assert _trial_results(study) == trained
     pd.testing.assert_frame_equal(again.drop(columns="error"), df.drop(columns="error"))
 
@@ -65,9 +72,12 @@ def test_lm_dp_sweep_stays_private_resumes_and_logs_a_parent_with_children(ray_l
     parents = [r for r in runs if r.data.tags.get("hpt.kind") == "dp-sweep"]
     children = [r for r in runs if r.data.tags.get("hpt.kind") == "dp-trial"]
     assert len(parents) == 1 and parents[0].data.params["task"] == "lm"
-    assert len(children) == 3  # one per trial, none logged twice by the rerun
+    assert len(children) == 4  # one per trial, none logged twice by the rerun
     assert {r.data.tags["mlflow.parentRunId"] for r in children} == {parents[0].info.run_id}
-    assert all(r.data.metrics["epsilon_spent"] <= float(r.data.params["epsilon"]) for r in children)
+    private = [r for r in children if r.data.params["epsilon"] != "inf"]
+    assert len(private) == 3 and all(r.data.metrics["epsilon_spent"] <= float(r.data.params["epsilon"]) for r in private)
+    # the noise-free trial's ε spent is inf, which MLflow is not given (finite metrics only)
+    assert all("epsilon_spent" not in r.data.metrics for r in children if r.data.params["epsilon"] == "inf")
 
 
 def test_digits_dp_sweep_is_still_reachable(ray_local, tmp_path):
