@@ -362,6 +362,7 @@ def main(argv: list[str] | None = None) -> dict:
                 entry["verdict_regret_below_1pct"] = "not reproduced" if entry["regret"] == math.inf else "inconclusive"
         regret[par] = entry
     out["regret"] = regret
+    out["at_transferred_lr"] = at_transferred_lr(runs, lr_t)
     out["verdicts"] = verdicts(curves)
     out["missing_runs"] = sorted(runs.missing)
     out["process_wall_s"] = round(time.perf_counter() - t0, 1)
@@ -373,6 +374,34 @@ def main(argv: list[str] | None = None) -> dict:
     write_json(args.out, _finite(out))
     _print(out)
     print(f"wrote {args.out} and {png}")
+    return out
+
+
+def at_transferred_lr(runs: Runs, lr_t: float | None) -> dict:
+    """The target at the transferred LR under each parametrization, and each one's loss minus
+    `none`'s paired by seed (95% t-interval): what the depth rule buys when the depth-2 LR is
+    carried to depth 8 as is. Needs no direct sweep."""
+    if not lr_t:
+        return {}
+    loss = {
+        p: {
+            s: r["val_loss"]
+            for s in NOISE_SEEDS
+            if _ok(r := runs.res.get(key_str(run_key(p, TARGET_WIDTH, TARGET_DEPTH, lr_t, s))))
+        }
+        for p in PARS
+    }
+    out: dict = {"lr": lr_t, "losses": {p: [loss[p].get(s) for s in NOISE_SEEDS] for p in PARS}, "minus_none": {}}
+    for p in PARS[1:]:
+        seeds = [s for s in NOISE_SEEDS if s in loss[p] and s in loss["none"]]
+        if len(seeds) >= 2:
+            ci = t_interval([loss[p][s] - loss["none"][s] for s in seeds])
+            out["minus_none"][p] = {
+                "mean": ci.mean,
+                "ci": [ci.lo, ci.hi],
+                "n": ci.n,
+                "verdict_lower_than_none": verdict(ci.lo, ci.hi, below=0.0),
+            }
     return out
 
 
@@ -435,6 +464,8 @@ def _print(out: dict) -> None:
             + ("—" if r.get("regret") is None else f"{100 * r['regret']:+.2f}%")
             + (f" [{100 * ci[0]:+.2f}, {100 * ci[1]:+.2f}]" if ci else "")
         )
+    for p, m in out["at_transferred_lr"].get("minus_none", {}).items():
+        print(f"{p} − none at the transferred LR (target, paired): {m['mean']:+.4f} [{m['ci'][0]:+.4f}, {m['ci'][1]:+.4f}]")
     for k, v in out["verdicts"].items():
         print(f"{k}: {v}")
 

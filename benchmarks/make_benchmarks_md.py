@@ -591,6 +591,18 @@ def depth_regret_section(d: dict) -> str:
     )
     v = verdicts(d["curves"])
     missing = d.get("missing_runs") or []
+    at = d.get("at_transferred_lr") or {}
+    paired = [
+        f"- {p} − none: {m['mean']:+.4f} [{m['ci'][0]:+.4f}, {m['ci'][1]:+.4f}] (n={m['n']}; lower than none: "
+        f"**{verdict(m['ci'][0], m['ci'][1], below=0.0)}**)"
+        for p, m in at.get("minus_none", {}).items()
+    ]
+    if at:
+        losses = "; ".join(f"{p}: {', '.join(g(x, '.4f') for x in ls)}" for p, ls in at["losses"].items())
+        paired = [
+            f"At the target with the transferred LR {g(at['lr'], '.4g')} (seeds {s['noise_seeds']}): {losses}. Paired by seed:",
+            "",
+        ] + paired
     return (
         f"\nllama, µP in width (base width {s['base_width']}, head_dim {s['head_dim']}), base depth {s['base_depth']}; ladder widths "
         f"{s['ladder_widths']} at depth {s['base_depth']}; LR-vs-depth curves at width {s['curve_width']}, depths {s['depths']}, "
@@ -611,6 +623,7 @@ def depth_regret_section(d: dict) -> str:
             ],
             rows,
         )
+        + ("\n\n" + "\n".join(paired) if paired else "")
         + "\n\nVerdicts, from the slope intervals:\n\n"
         + "\n".join(f"- {k}: **{x}**" for k, x in v.items())
         + (f"\n\n{len(missing)} runs missing from the cache (not trained): see `missing_runs` in the JSON." if missing else "")
