@@ -310,8 +310,12 @@ def main(argv: list[str] | None = None) -> dict:
             processes=args.procs, torch_threads_per_process=1, note="shared 2-core VM: wall times are upper bounds"
         ),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": ".venv/bin/python benchmarks/axes_regret.py",
+        "command": ".venv/bin/python benchmarks/axes_regret.py" + (" --no-baselines" if args.no_baselines else ""),
+        "note": "the trained runs' wall times are in `compute`; this invocation's `wall_s` is re-planning when every run was cached",
         "plan_axes": plan.axes,
+        # (c)'s LRs, base-width values (trained only without --no-baselines; their regret is in `plans`)
+        "baseline_lrs": {"deepseek": plan.baselines["deepseek"]["lr"] * m, "step_law": plan.baselines["step_law"]["lr"] * m},
+        "baselines_trained": not args.no_baselines,
         "target_noise": {"seed_sd": sd, "relative": sd / mean_best, "resolves_1pct": bool(sd / mean_best < 0.01)},
         "direct": {"best_lr": best_lr, "best_loss": mean_best, "curve": {str(k): v for k, v in sorted(means.items())}},
         "plans": rows,
