@@ -47,21 +47,21 @@ def make_plan(model: dict, rule: str = "mup", schedule: dict | None = None, **hp
     return TransferPlan.model_validate(d)
 
 
+QWEN2_ATTN = {
+    "family": "hf",
+    "config": {"model_type": "qwen2", "num_attention_heads": 2, "num_key_value_heads": 1},
+    "depth": 2,
+    "n_heads": 2,
+    "attn_scale": "1/d",
+    "seq_len": 16,
+    "parametrization": "mup",
+}
+
+
 PLANS = {
     "mup-llama": make_plan(LLAMA),
     "mup-gpt2-tied": make_plan(GPT2),
-    "mup-qwen2-gqa-attn-1/d-clip": make_plan(
-        {
-            "family": "hf",
-            "config": {"model_type": "qwen2", "num_attention_heads": 2, "num_key_value_heads": 1},
-            "depth": 2,
-            "n_heads": 2,
-            "attn_scale": "1/d",
-            "seq_len": 16,
-            "parametrization": "mup",
-        },
-        grad_clip=0.5,
-    ),
+    "mup-qwen2-gqa-attn-1/d-clip": make_plan(QWEN2_ATTN, grad_clip=0.5),
     "completep-llama": make_plan({**LLAMA, "depth": 4, "depth_parametrization": "completep", "base_depth": 2}),
     "sp": make_plan({**LLAMA, "parametrization": "sp"}, rule="power-law", output_mult=1.0),
     "sp-warmup": make_plan(
@@ -181,17 +181,6 @@ def test_bad_requests_are_refused_all_at_once(tmp_path):
     text = str(e.value)
     assert "model.family" in text and "--steps" in text and "--force" in text
     assert (tmp_path / "h" / "x").read_text() == "keep me"
-
-
-QWEN2_ATTN = {
-    "family": "hf",
-    "config": {"model_type": "qwen2", "num_attention_heads": 2, "num_key_value_heads": 1},
-    "depth": 2,
-    "n_heads": 2,
-    "attn_scale": "1/d",
-    "seq_len": 16,
-    "parametrization": "mup",
-}
 
 
 @pytest.mark.parametrize("model", [LLAMA, QWEN2_ATTN], ids=["llama", "qwen2-attn-1/d"])
