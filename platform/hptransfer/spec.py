@@ -270,9 +270,9 @@ def _hf_config_problems(config: dict[str, Any]) -> list[str]:
 
 
 class DataSpec(_Strict):
-    corpus: Literal["stdlib", "files"] = Field(
+    corpus: Literal["stdlib", "prose", "files"] = Field(
         "stdlib",
-        description="`stdlib`: the .py files of Python's standard library (ships with every Python); `files`: your local files (`paths`), read through Hugging Face `datasets` and tokenized once by `hpt data prepare`.",
+        description="`stdlib`: the .py files of Python's standard library (ships with every Python); `prose`: the long descriptions (READMEs, English markdown/rst) of the installed Python packages, a different distribution (the private corpus of DP fine-tuning); `files`: your local files (`paths`), read through Hugging Face `datasets` and tokenized once by `hpt data prepare`.",
     )
     paths: tuple[str, ...] = Field(
         (),
@@ -301,7 +301,9 @@ class DataSpec(_Strict):
         description="Share held out for validation, by a stable hash of each file path (stdlib) or document text (files).",
     )
     max_files: int | None = Field(
-        400, ge=10, description="stdlib: use at most this many files (sorted by hash) to keep start-up fast; null for all."
+        400,
+        ge=10,
+        description="stdlib, prose: use at most this many files (documents), sorted by hash, to keep start-up fast; null for all.",
     )
     max_epochs: float = Field(
         100.0,
@@ -330,12 +332,12 @@ class DataSpec(_Strict):
     def _corpus(self) -> DataSpec:
         if self.corpus == "files" and not self.paths:
             raise ValueError("corpus files needs data.paths: glob patterns of your files, e.g. ['data/*.jsonl']")
-        if self.corpus == "stdlib":
+        if self.corpus in ("stdlib", "prose"):
             given = [k for k in ("paths", "format") if getattr(self, k)] + (["tokenizer"] if self.tokenizer != "byte" else [])
             if given:
                 raise ValueError(
-                    f"data.{', data.'.join(given)} apply to corpus files (corpus is 'stdlib', bytes of "
-                    "Python source); set corpus: files or remove them"
+                    f"data.{', data.'.join(given)} apply to corpus files (corpus is {self.corpus!r}, bytes "
+                    "read in memory); set corpus: files or remove them"
                 )
         return self
 

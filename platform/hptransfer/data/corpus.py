@@ -1,6 +1,7 @@
 """`open_corpus(data)`: the one way training code gets its tokens, whatever the corpus.
 
-`stdlib`: Python's standard library as bytes, in memory. `files`: the prepared token files of your
+`stdlib`: Python's standard library as bytes, in memory. `prose`: the installed packages' READMEs
+as bytes, in memory (the private corpus of DP fine-tuning). `files`: the prepared token files of your
 local files (prepared here on first use, or again when an input changed). Either way the object has
 `batch(split, step, B, T, seed)`, `val_batches(n, B, T)`, `vocab_size` and `n_tokens`; batches are a
 pure function of (split, step, seed).
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from hptransfer.data.errors import DataError
 from hptransfer.data.prepared import TokenCorpus, prepare
+from hptransfer.data.prose_corpus import load_prose_corpus
 from hptransfer.data.stdlib_corpus import ByteCorpus, load_corpus
 from hptransfer.errors import Problem
 
@@ -26,6 +28,8 @@ def open_corpus(data: DataSpec, *, seq_len: int | None = None, steps: int | None
     enough for that run (`check_size`)."""
     if data.corpus == "stdlib":
         corpus: Corpus = load_corpus(data.val_fraction, data.max_files)
+    elif data.corpus == "prose":
+        corpus = load_prose_corpus(data.val_fraction, data.max_files)
     else:
         from hptransfer import logs
 
