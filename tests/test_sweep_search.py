@@ -22,22 +22,30 @@ def loss(point):
     return 2 + 4 * point["width"] ** -0.5 + 0.1 * u * u + 0.36 * u * v + 0.4 * v * v
 
 
+def regret(point):
+    """Loss above the optimum at that width (a diverged point: the worst a trial here reaches, ~3)."""
+    return loss({**point, "width": 1}) - loss({"lr": LR, "output_mult": OM, "width": 1}) if point["lr"] <= 5e-2 else 3.0
+
+
 def result(point):
     if point["lr"] > 5e-2:  # the edge of stability
         return {"status": "diverged", "val_loss": math.nan}
     return {"status": "ok", "val_loss": loss(point)}
 
 
-def searcher(budget=16, max_concurrent=2):
+def searcher(budget=16, max_concurrent=2, warm_start=3, widths=(32, 64), sampler_seed=0):
+    """Narrowest first, as the runner builds it; `budget` an int (every width) or a list per width."""
     return OptunaLadderSearcher(
-        [{"width": 64}, {"width": 32}],
+        [{"width": w} for w in widths],
         BOX,
         LOG_SCALE,
         budget,
         0,
         [1, 2],
-        {64: 0, 32: 1},
+        {w: i for i, w in enumerate(widths)},
         max_concurrent=max_concurrent,
+        sampler_seed=sampler_seed,
+        warm_start=warm_start,
         ok=lambda r: r.get("status") == "ok",
         status=lambda r: r.get("status", "ok"),
     )
@@ -66,19 +74,19 @@ def drive(s, stop_after=None, start=0, live=None):
 
 
 def test_each_width_gets_its_budget_then_its_replicates_within_the_concurrency_limit():
-    handed, peak, _ = drive(searcher(budget=16, max_concurrent=2))
+    handed, peak, _ = drive(searcher(budget=[16, 8], max_concurrent=2))
     assert peak == 2
-    for w in (32, 64):
+    for w, budget in ((32, 16), (64, 8)):
         searched = [p for p in handed if p["width"] == w and not p["replicate"]]
         reps = [p for p in handed if p["width"] == w and p["replicate"]]
-        assert len(searched) == 16 and all(p["seed"] == 0 for p in searched)
+        assert len(searched) == budget and all(p["seed"] == 0 for p in searched)
         assert all(BOX[hp][0] <= p[hp] <= BOX[hp][1] for p in searched for hp in BOX)
         ok = [p for p in searched if p["lr"] <= 5e-2]
         best = min(ok, key=loss)
         assert [r["seed"] for r in reps] == [1, 2] and all(r["lr"] == best["lr"] for r in reps)
-        assert len({p["lr"] for p in searched}) == 16  # not a grid: every point its own
-    # The widest width's work starts first, and every replicate comes after its own width's budget.
-    assert handed[0]["width"] == 64
+        assert len({p["lr"] for p in searched}) == budget  # not a grid: every point its own
+    # Narrowest first (each width starts from the narrower one), every replicate after its width's budget.
+    assert handed[0]["width"] == 32
     for w in (32, 64):
         last = max(i for i, p in enumerate(handed) if p["width"] == w and not p["replicate"])
         assert min(i for i, p in enumerate(handed) if p["width"] == w and p["replicate"]) > last
@@ -89,7 +97,7 @@ def test_tpe_concentrates_near_the_optimum_on_the_log_scale():
     (distance in log units): the sampler is told the losses, on the declared scale."""
     s = searcher(budget=40, max_concurrent=1)
     handed, _, _ = drive(s)
-    pts = [p for p in handed if p["width"] == 64 and not p["replicate"]]
+    pts = [p for p in handed if p["width"] == 32 and not p["replicate"]]
     dist = [math.hypot(math.log(p["lr"] / LR), math.log(p["output_mult"] / OM)) for p in pts]
     early, late = np.mean(dist[:8]), np.mean(dist[-12:])
     assert late < 0.6 * early, (early, late)
@@ -101,29 +109,82 @@ def test_tpe_concentrates_near_the_optimum_on_the_log_scale():
 def test_a_diverged_trial_is_told_as_the_worst_loss_and_a_failed_one_as_a_failure():
     s = searcher(budget=6, max_concurrent=1)
     for tid, r in [
-        ("a", {"status": "ok", "val_loss": 3.0}),  # width 64
-        ("b", {"status": "ok", "val_loss": 2.5}),  # width 32 (the arms take turns)
-        ("c", {"status": "diverged", "val_loss": math.nan}),  # width 64: "too high", the worst seen there
-        ("d", None),  # width 32: a crash, no information
+        ("a", {"status": "ok", "val_loss": 3.0}),
+        ("b", {"status": "ok", "val_loss": 2.5}),
+        ("c", {"status": "diverged", "val_loss": math.nan}),  # "too high": the worst seen at this width
+        ("d", None),  # a crash: no information
     ]:
         s.suggest(tid)
         s.on_trial_complete(tid, r, error=r is None)
-    wide, narrow = (st._ot_study.trials for st in s.studies)
-    assert [(t.state.name, t.value) for t in wide] == [("COMPLETE", 3.0), ("COMPLETE", 3.0)]
-    assert [(t.state.name, t.value) for t in narrow] == [("COMPLETE", 2.5), ("FAIL", None)]
+    narrow = s.studies[0]._ot_study.trials
+    assert [(t.state.name, t.value) for t in narrow] == [("COMPLETE", 3.0), ("COMPLETE", 2.5), ("COMPLETE", 3.0), ("FAIL", None)]
 
 
 def test_the_state_survives_a_resume_and_continues_as_if_uninterrupted(tmp_path):
     """Tune saves the searcher with its experiment state (save/restore); a restored searcher, its
-    Optuna studies included, hands out exactly what the uninterrupted one would have."""
-    whole, _, _ = drive(searcher())
-    first = searcher()
-    part, _, live = drive(first, stop_after=13)
-    first.save(str(tmp_path / "searcher.pkl"))
-    again = searcher()
-    again.restore(str(tmp_path / "searcher.pkl"))
-    rest, _, _ = drive(again, start=13, live=live)
-    assert part + rest == whole
+    Optuna studies and the warm start included, hands out exactly what the uninterrupted one would
+    have: stopped in the narrowest width's search, in the wider width's anchors, and after its
+    transfer (budgets 16 and 8, 3 anchors: the wider width's trials are the 17th to 24th)."""
+    whole, _, _ = drive(searcher(budget=[16, 8]))
+    for stop in (13, 18, 21):
+        first = searcher(budget=[16, 8])
+        part, _, live = drive(first, stop_after=stop)
+        first.save(str(tmp_path / "searcher.pkl"))
+        again = searcher(budget=[16, 8])
+        again.restore(str(tmp_path / "searcher.pkl"))
+        rest, _, _ = drive(again, start=stop, live=live)
+        assert part + rest == whole, stop
+    assert isinstance(again.offset[1], float)  # the restored run did transfer
+
+
+def test_a_wider_width_starts_at_the_narrower_optimum_with_its_trials_shifted_by_the_measured_offset():
+    """The ladder as fidelity: the wider width's first points are the narrower width's best ones;
+    then its study holds the narrower width's trials at their loss plus the offset measured at
+    those points: on this objective (the same bowl, a level falling with width) exactly the wider
+    width's own loss there. Its first trials lose less than a cold start's (6 sampler seeds)."""
+    first8, sampled = {True: [], False: []}, {True: [], False: []}
+    for seed in range(6):
+        for warm in (True, False):
+            s = searcher(budget=[16, 8], warm_start=3 if warm else 0, sampler_seed=seed, max_concurrent=1)
+            handed, _, _ = drive(s)
+            narrow = [p for p in handed if p["width"] == 32 and not p["replicate"]]
+            wide = [p for p in handed if p["width"] == 64 and not p["replicate"]]
+            if warm:
+                best3 = sorted([p for p in narrow if p["lr"] <= 5e-2], key=loss)[:3]
+                assert [(p["lr"], p["output_mult"]) for p in wide[:3]] == [(p["lr"], p["output_mult"]) for p in best3]
+                assert s.offset[1] == pytest.approx(loss({**best3[0], "width": 64}) - loss(best3[0]))
+                own = [{hp: p[hp] for hp in BOX} for p in wide]
+                told = [t for t in s.studies[1]._ot_study.trials if t.params not in own]
+                # every other narrow trial with a value: ok, or diverged once the width has a worst loss
+                valued = [i for i, p in enumerate(narrow) if any(q["lr"] <= 5e-2 for q in narrow[: i + 1])]
+                assert len(told) == len(valued) - 3
+                for t in told:
+                    if t.params["lr"] <= 5e-2:
+                        assert t.value == pytest.approx(loss({**t.params, "width": 64}))
+            else:
+                assert s.offset[1] == "none" and len(s.studies[1]._ot_study.trials) == 8
+            first8[warm] += [regret(p) for p in wide[:8]]
+            sampled[warm] += [regret(p) for p in (wide[3:8] if warm else wide[:5])]
+    assert np.mean(first8[True]) < 0.5 * np.mean(first8[False]), first8
+    # TPE after the transfer, beyond the anchors (it is not very exploitative at 16 + 3 trials).
+    assert np.median(sampled[True]) < 0.75 * np.median(sampled[False]), sampled
+
+
+def test_budgets_fall_with_width_as_configured():
+    o = _spec(search="optuna", optuna={"trials_per_width": 20, "budget_decay": 0.5}).sweep.optuna_settings
+    assert o.budgets(4) == [20, 10, 5, 4]  # floored at the 3 anchors + 1
+    assert _spec(search="optuna", optuna={"trials_per_width": 6, "budget_decay": 1.0}).sweep.optuna_settings.budgets(3) == [
+        6,
+        6,
+        6,
+    ]
+    assert _spec(search="optuna", optuna={"trials_per_width": 8, "warm_start_points": 0}).sweep.optuna_settings.budgets(3) == [
+        8,
+        4,
+        2,
+    ]
+    handed, _, _ = drive(searcher(budget=o.budgets(3), widths=(16, 32, 64)))
+    assert [sum(p["width"] == w and not p["replicate"] for p in handed) for w in (16, 32, 64)] == [20, 10, 5]
 
 
 def _spec(**sweep):
@@ -139,7 +200,7 @@ def _spec(**sweep):
 
 def test_the_spec_reads_the_grid_as_a_box_and_validates_it():
     s = _spec(search="optuna", optuna={"trials_per_width": 12, "max_concurrent": 3})
-    assert s.sweep.n_trials == 2 * (12 + 2) and s.sweep.optuna_settings.max_concurrent == 3
+    assert s.sweep.n_trials == 12 + 6 + 2 * 2 and s.sweep.optuna_settings.max_concurrent == 3
     assert _spec(search="optuna").sweep.optuna_settings.trials_per_width == 20  # defaults when omitted
     assert sweep_hash(_spec(search="optuna")) != sweep_hash(_spec())  # another sweep: not resumed as the grid
     for sweep, says in [
@@ -149,6 +210,7 @@ def test_the_spec_reads_the_grid_as_a_box_and_validates_it():
         ({"optuna": {"trials_per_width": 5}}, "set `search: optuna` or remove sweep.optuna"),
         ({"search": "optuna", "optuna": {"trials_per_width": 1}}, "sweep.optuna.trials_per_width"),
         ({"search": "optuna", "optuna": {"max_concurent": 2}}, "max_concurent"),
+        ({"search": "optuna", "optuna": {"budget_decay": 1.5}}, "sweep.optuna.budget_decay"),
         ({"search": "bayes"}, "sweep.search"),
     ]:
         with pytest.raises(SpecError, match=None) as e:

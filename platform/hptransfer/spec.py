@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hptransfer import architectures, vocab  # what validating an hf config and a tokenizer folder needs
 from hptransfer.errors import Problem, SpecError, problems_from_validation
 from hptransfer.hyperparameters import DEFAULT_HPS, LOG_SCALE, TUNABLE, Hyperparameters
-from hptransfer.privacy import DPConfig
+from hptransfer.privacy import PRETRAIN, DPConfig
 
 __all__ = [
     "DEFAULT_HPS",
@@ -394,12 +394,37 @@ class AxesSpec(_Strict):
 class OptunaSpec(_Strict):
     """`sweep.search: optuna` (sweep/search.py): Optuna's TPE per width through Ray Tune's OptunaSearch."""
 
-    trials_per_width: int = Field(20, ge=2, le=10_000, description="Trial budget of each width's search.")
+    trials_per_width: int = Field(
+        20, ge=2, le=10_000, description="Trial budget of the narrowest width's search (wider ones: see budget_decay)."
+    )
+    budget_decay: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Each wider width's budget is this times the previous one's (at least warm_start_points + 1): "
+        "wider widths start from what narrower ones found (µP: the same optimum); 1: the same budget at every width.",
+    )
+    warm_start_points: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="A wider width first runs the narrower width's best this many points, then its sampler is told "
+        "the narrower width's trials shifted by the loss offset measured there; 0: every width searches from scratch.",
+    )
     max_concurrent: int = Field(
         2, ge=1, le=1024, description="Trials running at once (TPE learns from finished ones: fewer is better informed)."
     )
     startup_trials: int = Field(8, ge=1, description="Random trials before TPE models the loss (capped at the budget).")
     sampler_seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed of the samplers (width i gets sampler_seed + i).")
+
+    def budgets(self, n_widths: int) -> list[int]:
+        """Trials per width, narrowest first: trials_per_width × budget_decay^i, rounded, floored at
+        warm_start_points + 1 (its anchors and at least one sampled point; 2 without a warm start) and
+        capped at trials_per_width. Wider trials cost more and, warm-started, need fewer to confirm
+        the optimum µP says they share: decay 0.5 over 3 widths of cost ∝ width (×2 each) spends
+        20·1 + 10·2 + 5·4 = 60 trial-units instead of 140."""
+        floor = min(self.trials_per_width, max(2, self.warm_start_points + 1))
+        return [max(floor, round(self.trials_per_width * self.budget_decay**i)) for i in range(n_widths)]
 
 
 class SweepSpec(_Strict):
@@ -412,7 +437,8 @@ class SweepSpec(_Strict):
     search: Literal["grid", "optuna"] = Field(
         "grid",
         description="`grid`: every grid point at every width; `optuna`: Optuna's TPE per width in the box `grid` gives "
-        "(Ray Tune's OptunaSearch), `optuna.trials_per_width` trials each, then the replicates.",
+        "(Ray Tune's OptunaSearch), narrowest first, each wider width warm-started from the narrower one with a "
+        "decreasing budget (`sweep.optuna`), then each width's replicates.",
     )
     optuna: OptunaSpec | None = Field(None, description="Budget and concurrency of `search: optuna` (defaults when omitted).")
     fixed: dict[str, float] = Field(
@@ -547,7 +573,7 @@ class SweepSpec(_Strict):
     @property
     def n_trials(self) -> int:
         if self.search == "optuna":
-            return self.n_arms * (self.optuna_settings.trials_per_width + self.noise_seeds)
+            return sum(self.optuna_settings.budgets(len(self.widths))) + self.n_arms * self.noise_seeds
         return self.n_arms * (len(self.seeds) * math.prod(len(x) for x in self.grid.values()) + self.noise_seeds)
 
 
@@ -652,6 +678,67 @@ class CoordCheckSpec(_Strict):
         return v
 
 
+class DPSweepSpec(_Strict):
+    """The DP sweep `hpt run` runs in the fine-tuning regime (`dp.init_from: pretrain`, dp/finetune.py)."""
+
+    widths: list[int] | None = Field(
+        None,
+        description="Widths of the DP sweep, each fine-tuning a model pretrained at that width (target.width: the "
+        "large run's own; a narrower one: the pretraining plan trained at that width). ≥ 2 widths: the plan checks "
+        "whether the narrowest width's best (B, C, lr) hold at the widest (dp/width.py) and is made from the "
+        "narrowest width's sweep. Null: [target.width].",
+    )
+    epsilons: list[float] = Field(
+        default_factory=list,
+        description="ε of the sweep; `.inf` adds the noise-free arm (the step curve the predicted-loss batch rule "
+        "fits). Empty: [dp.epsilon, .inf].",
+    )
+    lrs: list[float] = Field(
+        default_factory=list, description="LRs of the sweep (≥ 2 measure the LR-vs-B law). Empty: [dp.lr or 3e-3]."
+    )
+    seeds: list[int] = Field(
+        default_factory=list, description="Seeds of each cell (≥ 2 give the across-width check an interval). Empty: sweep.seeds."
+    )
+    tolerance: float = Field(
+        0.01,
+        ge=0,
+        lt=1,
+        description="Across widths: the narrow width's choice holds when the 95% interval of its extra loss at the "
+        "wide width over the wide width's own best stays below this fraction of that loss; does not hold when the "
+        "interval lies above it; otherwise inconclusive.",
+    )
+
+    @field_validator("epsilons")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        if bad := [e for e in v if not e > 0]:
+            raise ValueError(f"each ε must be > 0 (or .inf for the noise-free arm), got {bad}")
+        return v
+
+    @field_validator("lrs")
+    @classmethod
+    def _lrs(cls, v: list[float]) -> list[float]:
+        if bad := [x for x in v if not (0 < x < math.inf)]:
+            raise ValueError(f"each lr must be a positive finite number, got {bad}")
+        return v
+
+
+class StudyDPConfig(DPConfig):
+    """A study's `dp:` block: the budget (DPConfig) and, in the fine-tuning regime (`init_from:
+    pretrain`), the private corpus and the DP sweep `hpt run` runs after the pretraining large run."""
+
+    data: DataSpec | None = Field(
+        None,
+        description="init_from pretrain: the PRIVATE corpus the pretrained model is fine-tuned on (e.g. "
+        "`{corpus: prose}`), while `data` is the public pretraining corpus. Null: `data` itself.",
+    )
+    sweep: DPSweepSpec = Field(DPSweepSpec(), description="init_from pretrain: the DP sweep of `hpt run`.")
+
+    @property
+    def finetunes_pretrained(self) -> bool:
+        return self.init_from == PRETRAIN
+
+
 class StudySpec(_Strict):
     # A safe path component and label value: starts with a letter or digit (never `.` or `..`).
     name: str = Field(
@@ -669,7 +756,9 @@ class StudySpec(_Strict):
     tracking: TrackingSpec = TrackingSpec()
     ray: RaySpec = RaySpec()
     coord_check: CoordCheckSpec = CoordCheckSpec()
-    dp: DPConfig | None = Field(None, description="Differentially private fine-tuning budget (see `hpt dp-plan --help`).")
+    dp: StudyDPConfig | None = Field(
+        None, description="Differentially private fine-tuning budget (see `hpt dp-plan --help`)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -708,6 +797,8 @@ class StudySpec(_Strict):
                 "transfer.rule='dp' needs a `dp:` block (epsilon, delta, dataset_size, epochs); "
                 "add one (see search_spaces/dp-finetune.yaml) or choose another rule"
             )
+        if self.dp is not None:
+            errs += self._dp_problems()
         if self.sweep.n_trials > self.sweep.max_trials:
             errs.append(
                 f"the sweep has {self.sweep.n_trials} trials (widths × grid × seeds), above "
@@ -716,6 +807,35 @@ class StudySpec(_Strict):
         if errs:
             raise ValueError("; ".join(errs))
         return self
+
+    def _dp_problems(self) -> list[str]:
+        """The fine-tuning regime's cross-field rules (dp/finetune.py)."""
+        dp, errs = self.dp, []
+        assert dp is not None
+        if not dp.finetunes_pretrained:
+            if dp.data is not None or "sweep" in dp.model_fields_set:
+                errs.append(
+                    "dp.data and dp.sweep apply to the fine-tuning regime (dp.init_from: pretrain: `hpt run` pretrains, "
+                    "then fine-tunes privately); set dp.init_from: pretrain or remove them"
+                )
+            return errs
+        if self.transfer.rule == "dp":
+            errs.append(
+                "dp.init_from: pretrain pretrains non-privately first: transfer.rule is the pretraining ladder's rule "
+                "(e.g. mup), not 'dp' (the private plan uses rule dp itself)"
+            )
+        if self.model.family == "mlp":
+            errs.append(
+                "dp.init_from: pretrain needs a model with a Hugging Face form to hand off (model.family llama or hf), "
+                "not mlp"
+            )
+        widths = dp.sweep.widths or [self.target.width]
+        if too_wide := [w for w in widths if w > self.target.width]:
+            errs.append(f"dp.sweep.widths {too_wide} exceed target.width={self.target.width}; the fine-tuned model is the target")
+        if widths != sorted(set(widths)):
+            errs.append(f"dp.sweep.widths={widths} must be strictly increasing")
+        errs += [f"dp.sweep.widths: {e}" for e in self.model.width_problems(sorted(set(widths)))]
+        return errs
 
     # Derived values, one place.
     @property

@@ -85,7 +85,7 @@ def _summary(spec, plan, final: dict | None) -> str:
         [
             "grid"
             if spec.sweep.search == "grid"
-            else f"Optuna box, {spec.sweep.optuna_settings.trials_per_width} trials a width",
+            else "Optuna box, trials per width " + "/".join(map(str, spec.sweep.optuna_settings.budgets(len(spec.sweep.widths)))),
             escape("; ".join(f"{k}: " + ", ".join(f"{v:.3g}" for v in vals) for k, vals in spec.sweep.grid.items())),
         ],
         ["fixed", _g(json.dumps(spec.sweep.fixed))],

@@ -323,27 +323,31 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
         from hptransfer.hyperparameters import LOG_SCALE
         from hptransfer.sweep.search import OptunaLadderSearcher
 
-        o = spec.sweep.optuna_settings
+        # Narrowest first whatever `order` says: each width starts from what the narrower one found.
+        o, ascending = spec.sweep.optuna_settings, sorted(spec.sweep.widths)
+        budgets = o.budgets(len(ascending))
         searcher = OptunaLadderSearcher(
-            [{"width": w} for w in widths],
+            [{"width": w} for w in ascending],
             spec.sweep.grid,
             LOG_SCALE,
-            o.trials_per_width,
+            budgets,
             spec.sweep.seeds[0],
             replicate_seeds,
-            {w: i for i, w in enumerate(widths)},
+            {w: i for i, w in enumerate(ascending)},
             max_concurrent=o.max_concurrent,
             sampler_seed=o.sampler_seed,
             startup_trials=o.startup_trials,
+            warm_start=o.warm_start_points,
             ok=lambda result: status({}, result) == "ok",
             status=lambda result: status({}, result),
         )
-        axes = {"width": widths}
-        planned = len(widths) * (o.trials_per_width + len(replicate_seeds))
+        axes = {"width": ascending}
+        planned = sum(budgets) + len(ascending) * len(replicate_seeds)
         box = ", ".join(
             f"{hp} in [{lo:.3g}, {hi:.3g}]{' (log)' if hp in LOG_SCALE else ''}" for hp, (lo, hi) in spec.sweep.grid.items()
         )
-        note = f" × {o.trials_per_width} Optuna TPE trials over {box}, {o.max_concurrent} at once" + note
+        warm = f", each wider width from the narrower one's best {o.warm_start_points}" if o.warm_start_points else ""
+        note = f" × {'/'.join(map(str, budgets))} Optuna TPE trials over {box}{warm}, {o.max_concurrent} at once" + note
     return SweepTask(
         experiment=SWEEP_EXPERIMENT,
         trainable=tune.with_parameters(tune_trainable, spec=spec, done_dir=str(study.paths.trials_done)),
