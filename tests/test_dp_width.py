@@ -31,7 +31,7 @@ def table(loss, seeds=(0, 1, 2, 3, 4), widths=(32, 64), eps=(2.0,)) -> pd.DataFr
 
 
 def noise(seed: int, cell, width: int, scale: float) -> float:
-    return scale * np.random.default_rng([seed, width, *map(lambda x: int(x * 1000), cell)]).standard_normal()
+    return scale * np.random.default_rng([seed, width, *(int(x * 1000) for x in cell)]).standard_normal()
 
 
 def test_same_best_cell_holds_and_the_best_is_the_lowest_seed_mean():
