@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+PRETRAIN = "pretrain"  # dp.init_from: this study's own large run's handoff
+
 
 class DPConfig(BaseModel):
     """Privacy and compute budget for DP fine-tuning (paper 1: Rehn et al., arXiv 2510.20616)."""
@@ -89,7 +91,7 @@ class DPConfig(BaseModel):
     init_from: str | None = Field(
         None,
         min_length=1,
-        description="The private large run fine-tunes this model: a folder handed off by an earlier study (its `train/hf_model/`), whose shape must be the plan's. Null: a fresh model (µP or SP, as the spec says).",
+        description="The private large run fine-tunes this model: a folder handed off by an earlier study (its `train/hf_model/`), whose shape must be the plan's; or `pretrain`: this study's own large run (the fine-tuning regime: `hpt run` pretrains on `data`, then DP-fine-tunes on `dp.data`, dp/finetune.py). Null: a fresh model (µP or SP, as the spec says).",
     )
 
     @field_validator("*")
@@ -143,7 +145,9 @@ class DPConfig(BaseModel):
         # Resolved once, at load: Ray workers run in other folders.
         from pathlib import Path
 
-        return v if v is None or Path(v).expanduser().is_absolute() else str(Path.cwd() / v)
+        if v is None or v == PRETRAIN or Path(v).expanduser().is_absolute():
+            return v
+        return str(Path.cwd() / v)
 
     @model_validator(mode="after")
     def _lr_pair(self) -> DPConfig:
@@ -156,7 +160,7 @@ class DPConfig(BaseModel):
 
     def with_dataset_size(self, n: int) -> DPConfig:
         """The same config with N filled in (re-validated, so δ < 1/N and B ≤ N are checked)."""
-        return DPConfig.model_validate({**self.model_dump(), "dataset_size": n})
+        return type(self).model_validate({**self.model_dump(), "dataset_size": n})
 
     def resolved_batch_sizes(self) -> list[int]:
         n = self.require_dataset_size()

@@ -681,6 +681,9 @@ class CoordCheckSpec(_Strict):
 class DPSweepSpec(_Strict):
     """The DP sweep `hpt run` runs in the fine-tuning regime (`dp.init_from: pretrain`, dp/finetune.py)."""
 
+    # ε = .inf is a setting here (the noise-free arm); kept as .inf in the study's spec.yaml.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=True, ser_json_inf_nan="constants")
+
     widths: list[int] | None = Field(
         None,
         description="Widths of the DP sweep, each fine-tuning a model pretrained at that width (target.width: the "
@@ -756,9 +759,7 @@ class StudySpec(_Strict):
     tracking: TrackingSpec = TrackingSpec()
     ray: RaySpec = RaySpec()
     coord_check: CoordCheckSpec = CoordCheckSpec()
-    dp: StudyDPConfig | None = Field(
-        None, description="Differentially private fine-tuning budget (see `hpt dp-plan --help`)."
-    )
+    dp: StudyDPConfig | None = Field(None, description="Differentially private fine-tuning budget (see `hpt dp-plan --help`).")
 
     @model_validator(mode="before")
     @classmethod
@@ -826,8 +827,7 @@ class StudySpec(_Strict):
             )
         if self.model.family == "mlp":
             errs.append(
-                "dp.init_from: pretrain needs a model with a Hugging Face form to hand off (model.family llama or hf), "
-                "not mlp"
+                "dp.init_from: pretrain needs a model with a Hugging Face form to hand off (model.family llama or hf), not mlp"
             )
         widths = dp.sweep.widths or [self.target.width]
         if too_wide := [w for w in widths if w > self.target.width]:
