@@ -5,11 +5,15 @@ Driven here by a plain loop standing in for Tune's (fast: no Ray runtime)."""
 
 import copy
 import math
+import os
+import re
+import signal
 
 import numpy as np
 import pytest
 
 from hptransfer.hyperparameters import LOG_SCALE
+from hptransfer.layout import SWEEP_EXPERIMENT
 from hptransfer.spec import SpecError, parse_spec, sweep_hash
 from hptransfer.sweep.search import OptunaLadderSearcher, optuna_space
 
@@ -216,3 +220,97 @@ def test_the_spec_reads_the_grid_as_a_box_and_validates_it():
         with pytest.raises(SpecError, match=None) as e:
             _spec(**sweep)
         assert says in str(e.value), (sweep, str(e.value))
+
+
+OPTUNA_LINE = re.compile(r"\[sweep \d+/\d+\] (replicate )?width=(\d+) lr=(\S+) output_mult=(\S+) seed=(\d+) -> (.*?) val_loss")
+
+
+@pytest.mark.slow
+def test_an_optuna_sweep_resumes_after_a_kill_in_one_tune_run_logs_to_mlflow_and_makes_a_plan(ray_local, mlflow_server, tmp_path):
+    """End to end as a user runs it: `hpt sweep` of a tiny MLP ladder (2 widths, 4 then 3 TPE trials
+    over lr × output_mult, the wider width from the narrower one's best 2, one replicate each, 2 at
+    a time) against a real `mlflow server`, SIGKILLed with the driver's Ray once 3 trials have
+    finished; the sweep stage resumes it (here in-process, on the session's Ray: the searcher's
+    Optuna studies come back from Tune's experiment checkpoint), no finished trial trains again,
+    the replicates run in that one Tune run, MLflow has one parent with one child per trial, and
+    the transfer stage fits the scattered points."""
+    import subprocess
+    import sys
+    import time
+
+    import mlflow
+    import yaml
+
+    from hptransfer.pipeline import sweep_stage, transfer_stage
+    from hptransfer.study import Study
+
+    from conftest import tiny_spec_dict
+
+    box = {"lr": [1e-3, 0.3], "output_mult": [0.5, 4.0]}
+    spec = tiny_spec_dict(
+        name="optuna-e2e",
+        sweep={
+            "grid": box,
+            "search": "optuna",
+            "optuna": {"trials_per_width": 4, "warm_start_points": 2, "max_concurrent": 2},
+            "noise_seeds": 1,
+            "steps": 40,  # ~0.5 s a trial: the kill lands mid-sweep
+        },
+    )
+    spec_path, study_dir = tmp_path / "optuna.yaml", tmp_path / "study"
+    spec_path.write_text(yaml.safe_dump(spec))
+    cmd = [sys.executable, "-m", "hptransfer", "sweep", str(spec_path), "--study-dir", str(study_dir)]
+    p = subprocess.Popen(
+        [*cmd, "--tracking-uri", mlflow_server],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    before, deadline = set(), time.time() + 300
+    for line in p.stdout:
+        if m := OPTUNA_LINE.search(line):
+            before.add(m.groups()[1:5])
+        if len(before) >= 3 or time.time() > deadline:
+            break
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert len(before) >= 3, "the sweep did not get going"
+    assert not (study_dir / "sweep_results.csv").exists()
+
+    study = Study.from_spec(spec_path, study_dir, tracking_uri=mlflow_server)
+    log_size, said = study.paths.log_file.stat().st_size, []
+    out = sweep_stage(study, log=said.append)
+    assert any("resuming the sweep" in s for s in said) and any("4/3 Optuna TPE trials" in s for s in said), said
+    lines = study.paths.log_file.read_text()[log_size:].splitlines()
+    after = {m.groups()[1:5]: m.group(6) for m in map(OPTUNA_LINE.search, lines) if m}
+    for trial in before:  # never trained twice: restored by Tune or replayed from its marker
+        assert trial not in after or "not run again" in after[trial], (trial, after.get(trial))
+    assert any("not run again" not in s for t, s in after.items() if t not in before), after  # it did train after the kill
+
+    df = out.table
+    assert len(df) == 4 + 3 + 2 and df.replicate.sum() == 2
+    assert len(df.drop_duplicates(["width", "lr", "output_mult", "seed"])) == len(df)
+    narrow, wide = (df[(df.width == w) & ~df.replicate] for w in (16, 32))
+    assert len(narrow) == 4 and len(wide) == 3 and (df[~df.replicate].seed == 0).all()
+    assert all(box[hp][0] <= v <= box[hp][1] for hp in box for v in df[hp])
+    # The wider width started at 2 of the narrower one's points (its best finished by then).
+    assert len(set(zip(narrow.lr, narrow.output_mult)) & set(zip(wide.lr, wide.output_mult))) == 2
+    for searched in (narrow, wide):  # each replicate at its width's best point, with a new seed
+        rep = df[df.replicate & (df.width == searched.width.iloc[0])]
+        best = searched[searched.status == "ok"].nsmallest(1, "val_loss")
+        assert rep.seed.tolist() == [1] and (rep.lr.iloc[0], rep.output_mult.iloc[0]) == (
+            best.lr.iloc[0],
+            best.output_mult.iloc[0],
+        )
+    assert [d.name for d in study.paths.ray_storage.iterdir() if d.is_dir()] == [SWEEP_EXPERIMENT]  # one Tune run
+
+    mlflow.set_tracking_uri(mlflow_server)
+    runs = mlflow.search_runs(experiment_names=["optuna-e2e"])
+    parents, children = runs[runs["tags.hpt.kind"] == "sweep"], runs[runs["tags.hpt.kind"] == "trial"]
+    assert len(parents) == 1 and len(children) == len(df)  # the killed run logged nothing: it never finished
+    assert (children["tags.mlflow.parentRunId"] == parents.run_id.iloc[0]).all()
+    assert parents["params.search"].iloc[0] == "optuna"
+
+    plan = transfer_stage(study)
+    assert set(plan.diagnostics.joint_by_width) == {"16", "32"}  # scattered points: the joint path
