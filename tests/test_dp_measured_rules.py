@@ -246,7 +246,7 @@ def test_the_noise_free_arm_is_the_same_run_without_noise():
     from hptransfer.dp.sweep import sweep_points
     from hptransfer.spec import ModelSpec, load_spec
 
-    spec = load_spec(ROOT / "search_spaces" / "dp-finetune.yaml")
+    spec = load_spec(ROOT / "tests" / "data" / "dp_from_scratch.yaml")
     pts = sweep_points(spec, [math.inf], 4096)  # no accountant: σ = 0
     assert {p["batch_size"] for p in pts} == set(spec.dp.batch_sizes)
     assert all(

@@ -45,7 +45,7 @@ def test_dp_rule_without_a_budget_says_what_is_missing():
 
 
 def test_shipped_dp_spec_gives_a_plan_with_the_noise_table(tmp_path):
-    spec = load_spec(ROOT / "search_spaces" / "dp-finetune.yaml")
+    spec = load_spec(ROOT / "tests" / "data" / "dp_from_scratch.yaml")
     df = synthetic_sweep(spec.sweep.widths, spec.sweep.grid["lr"])
     plan = make_plan(spec, df)
     dp = plan.model_dump()["dp"]

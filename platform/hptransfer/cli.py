@@ -255,7 +255,8 @@ def run(
     ),
     skip_coord_check: bool = typer.Option(False, "--skip-coord-check"),
 ):
-    """The whole pipeline on one Ray: validate → coord-check → sweep → transfer → train → report.
+    """The whole pipeline on one Ray: validate → coord-check → sweep → transfer → train → report; with
+    `dp.init_from: pretrain`, then DP sweep(s) → private plan → private run from the large run's model.
     A re-run resumes each stage (finished trials and checkpoints are kept). Prints where everything is."""
     from hptransfer.pipeline import run_study
 
@@ -270,6 +271,9 @@ def run(
     for k in ("study_dir", "results", "plan", "train_metrics", "report", "tracking_uri"):
         console.print(f"{k:>14}: {out[k]}", markup=False)
     console.print(f"{'final':>14}: {out['final']}", markup=False)
+    if out.get("private"):  # the fine-tuning regime (dp.init_from: pretrain)
+        for k in ("plan", "train_metrics", "across_width", "final"):
+            console.print(f"{'private ' + k:>22}: {out['private'][k]}", markup=False)
     console.print(f"{'times':>14}: " + ", ".join(f"{k}={v:.0f}" for k, v in out["times"].items()))
     console.print(f"\nBrowse runs: mlflow ui --backend-store-uri {out['tracking_uri']}", markup=False)
 

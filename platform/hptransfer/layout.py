@@ -107,6 +107,20 @@ class StudyPaths:
     dp_sweep_results = property(lambda self: self.root / "dp_sweep_results.csv")
     dp_sweep_png = property(lambda self: self.root / "dp_sweep.png")
     dp_grad_norms = property(lambda self: self.root / "dp_grad_norms.json")  # per-example norms, public data
+    # The fine-tuning regime (dp.init_from: pretrain, dp/finetune.py): the private part is a study
+    # folder of its own (its plan, train/, MLflow runs), with one DP sweep folder per width inside.
+    private = property(lambda self: self.root / "private")
+    dp_across_width = property(lambda self: self.root / "private" / "dp_across_width.json")
+
+    def private_sweep(self, width: int) -> Path:
+        """The DP sweep at `width` (a study folder: its dp_sweep_results.csv, dp_grad_norms.json)."""
+        return self.root / "private" / f"dp_sweep_w{width}"
+
+    def pretrained(self, width: int) -> Path:
+        """A model pretrained at `width` by the pretraining plan (below the target width; the target's
+        is the large run's own train/hf_model)."""
+        return self.root / "private" / f"pretrain_w{width}" / "hf_model"
+
     plan = property(lambda self: self.root / PLAN_FILE)
     ray_storage = property(lambda self: self.root / "ray_results")
     trials_done = property(lambda self: self.root / "trials_done")

@@ -199,6 +199,75 @@ def dp_sweep_stage(study: StudyContext, *, log=print, **options: Any) -> pd.Data
         return run_dp_sweep(study, log=log, **options)
 
 
+def finished_run(study: StudyContext, plan: TransferPlan) -> dict | None:
+    """The final metrics of the study's large run when train/ holds a finished one (status ok, its
+    model handed off) of this very plan (provenance aside: a re-logged sweep has a new run id);
+    else None."""
+    import json
+
+    p = study.paths.train
+    try:
+        final = json.loads(p.metrics.read_text()).get("final") or {}
+        old = load_plan(p.plan)
+    except Exception:  # none, torn or foreign: the run's own checks (train_stage) speak
+        return None
+    same = old.model_dump(exclude={"provenance"}) == plan.model_dump(exclude={"provenance"})
+    handed_off = p.hf_model.is_dir() or plan.model.family == "mlp"  # mlp: no Hugging Face form
+    return dict(final) if same and final.get("status") == "ok" and handed_off else None
+
+
+def finetune_stage(study: StudyContext, *, log=print) -> dict:
+    """The fine-tuning regime's private part (`dp.init_from: pretrain`; dp/finetune.py), after the
+    pretraining large run: per DP sweep width the pretrained model and a DP sweep on the private
+    corpus from it, the across-width check, the private plan from the narrowest width's sweep, and
+    the private large run from the large run's handoff. Each step resumes: the sweeps keep their
+    finished trials, pretrained models are kept, the private run continues from its checkpoint."""
+    from hptransfer.dp import finetune as ft
+    from hptransfer.dp.width import summary
+    from hptransfer.io import write_json
+
+    spec = study.require_spec()
+    if spec.dp is None or not spec.dp.finetunes_pretrained:
+        raise StudyError(f"spec {spec.name!r} is not a fine-tuning study (dp.init_from: pretrain)")
+    pretrain_plan = load_plan(study.paths.plan)
+    s = ft.sweep_settings(spec)
+    tables, sweeps = {}, {}
+    with study.lock():
+        for w in s.widths:
+            folder = ft.pretrained_model(study, pretrain_plan, w, log=log)
+            sweeps[w] = ft.sub_study(study, ft.private_spec(spec, folder), study.paths.private_sweep(w))
+            log(f"dp-sweep: width {w}, from the model pretrained at width {w} ({folder})")
+            tables[w] = dp_sweep_stage(sweeps[w], width=w, epsilons=s.epsilons, lrs=s.lrs, seeds=s.seeds, log=log)
+        check = ft.across_width(tables, s.tolerance) if len(s.widths) > 1 else None
+        if check is not None:
+            write_json(study.paths.dp_across_width, ft._plain(check))
+            log(summary(check))
+        pspec = ft.private_spec(spec, study.paths.train.hf_model)
+        private = ft.sub_study(study, pspec, study.paths.private)
+        plan = ft.private_plan(study, pspec, sweeps[s.widths[0]], check)
+        with private.lock():
+            save_plan(plan, private.paths.plan)
+        log(
+            f"private plan (dp, settings from width {s.widths[0]}): width {plan.target.width} B={plan.target.batch_size} "
+            f"T={plan.target.steps} C={plan.dp['clip']:.4g} lr={plan.hps.lr:.4g} σ={plan.dp['noise_multiplier']:.4g}"
+        )
+    metrics = finished_run(private, plan)
+    if metrics is not None:
+        log(f"private large run: already finished for this plan ({private.paths.train.metrics})")
+    else:
+        metrics = train_stage(private, plan, resume=True, log=log)
+    log(
+        f"private large run: val_loss {metrics.get('val_loss')} (from {metrics.get('initial_val_loss')}), "
+        f"ε spent {metrics.get('epsilon_spent')} ≤ {metrics.get('target_epsilon')}"
+    )
+    return {
+        "plan": str(private.paths.plan),
+        "train_metrics": str(private.paths.train.metrics),
+        "across_width": str(study.paths.dp_across_width) if check is not None else None,
+        "final": {k: metrics.get(k) for k in ("val_loss", "initial_val_loss", "epsilon_spent", "target_epsilon")},
+    }
+
+
 def run_study(
     study: StudyContext, *, restart_sweep: bool = False, restart_train: bool = False, skip_coord_check: bool = False, log=print
 ) -> dict:
@@ -209,6 +278,7 @@ def run_study(
     from hptransfer.coordcheck import describe
 
     t0, times = time.time(), {}
+    spec = study.require_spec()
     with study.lock(), study.ray_session():
         if not skip_coord_check:
             log(describe(coord_check_stage(study)))
@@ -222,9 +292,19 @@ def run_study(
             + "".join(f"\n  warning: {w}" for w in plan.diagnostics.warnings)
         )
         t = time.time()
-        # A re-run continues an interrupted large run (or finds it finished) instead of refusing.
-        metrics = train_stage(study, plan, resume=not restart_train, restart=restart_train, log=log)
+        # A re-run continues an interrupted large run instead of refusing; one that finished this
+        # very plan is not started again (a fine-tuning study's re-run goes on to its private part).
+        metrics = None if restart_train else finished_run(study, plan)
+        if metrics is not None:
+            log(f"large run: already finished for this plan ({study.paths.train.metrics})")
+        else:
+            metrics = train_stage(study, plan, resume=not restart_train, restart=restart_train, log=log)
         times["train_s"] = time.time() - t
+        private = None
+        if spec.dp is not None and spec.dp.finetunes_pretrained:  # then fine-tune privately from its handoff
+            t = time.time()
+            private = finetune_stage(study, log=log)
+            times["private_s"] = time.time() - t
         report = report_stage(study, log=log)
     times["total_s"] = time.time() - t0
     p = study.paths
@@ -236,6 +316,7 @@ def run_study(
         "report": str(report),
         "tracking_uri": study.tracking_uri,
         "final": {k: metrics.get(k) for k in ("train_loss", "val_loss", "tokens_per_s")},
+        **({"private": private} if private else {}),
         "times": times,
     }
 
@@ -260,6 +341,9 @@ class Study(StudyContext):
 
     def dp_sweep(self, **options: Any) -> pd.DataFrame:
         return dp_sweep_stage(self, **options)
+
+    def finetune(self) -> dict:
+        return finetune_stage(self)
 
     def handoff(self, out: str | Path | None = None, **options: Any):
         """`hpt handoff` of the study's plan into `out` (default: <study>/handoff); a HandoffResult."""

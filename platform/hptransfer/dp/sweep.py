@@ -264,6 +264,15 @@ def run_dp_sweep(
     spec = study.require_spec()
     if spec.dp is None:
         raise DPError(f"spec {spec.name!r} has no `dp:` block; add one (see search_spaces/dp-finetune.yaml)")
+    if spec.dp.finetunes_pretrained:
+        raise DPError(
+            "dp.init_from",
+            [
+                "is `pretrain`: the DP sweeps of the fine-tuning regime start from the study's own pretrained models "
+                "and run inside `hpt run SPEC` after the large run (in <study>/private/dp_sweep_w<width>/); run that, "
+                "or give dp.init_from a handed-off folder"
+            ],
+        )
     if task not in KINDS:
         raise DPError("--task", [f"--task must be one of {', '.join(TASKS)}, got {task!r}"])
     kind = KINDS[task]

@@ -42,6 +42,7 @@ def train_proxy(
     batch_size: int | None = None,
     noise_scale_batches: int = 0,
     depth: int | None = None,
+    keep_model: Callable[[torch.nn.Module], None] | None = None,
 ) -> dict:
     """Train one proxy model on `device` in `precision` (default: `sweep.precision`); returns the
     final metrics. `report` gets `n_reports` evaluations. `extra_lr_factor` multiplies the LR
@@ -49,7 +50,8 @@ def train_proxy(
     `steps`, `batch_size`, `depth`: an arm of sweep.axes (default: the ladder's; a depth arm keeps the
     depth rule relative to the ladder's depth). `noise_scale_batches` > 0:
     the final metrics carry `noise_scale`, B_simple measured on that many fresh batches
-    (sweep/noise_scale.py)."""
+    (sweep/noise_scale.py). `keep_model` gets the trained model at the end (dp/finetune.py hands
+    off a pretrained model per DP sweep width)."""
     from hptransfer.data import open_corpus
     from hptransfer.models import evaluate, lm_logits, training_setup
     from hptransfer.models.build import lm_loss
@@ -110,6 +112,8 @@ def train_proxy(
         )
         if report:
             report(dict(metrics))  # the last result is the table's row
+    if keep_model is not None:
+        keep_model(model)
     return metrics
 
 

@@ -1,0 +1,126 @@
+"""The fine-tuning regime (dp.init_from: pretrain, dp/finetune.py): the spec's rules, the private
+part's derived spec, and `hpt run` end to end — pretrain on the stdlib, then DP-fine-tune on the
+installed packages' READMEs from the large run's own handoff, ε reported and ≤ target."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+
+from hptransfer.dp.finetune import private_spec, sweep_settings
+from hptransfer.errors import SpecError
+from hptransfer.plan import load_plan
+from hptransfer.spec import load_spec, parse_spec
+
+from conftest import e2e_spec_dict
+
+# Tiny: N = 256 private sequences, one epoch, 2 batch sizes × 1 C × 1 lr × 1 seed per width.
+DP = {
+    "init_from": "pretrain",
+    "data": {"corpus": "prose", "max_files": 40, "eval_batches": 2},
+    "epsilon": 8.0,
+    "delta": 1e-4,
+    "dataset_size": 256,
+    "epochs": 1,
+    "batch_sizes": [32, 64],
+    "min_steps": 1,
+    "clip_factors": [1.0],
+    "accountant": "rdp",
+    "epsilon_tolerance": 0.2,
+    "sweep": {"widths": [32, 64], "epsilons": [8.0], "lrs": [0.01], "seeds": [0]},
+}
+
+
+def finetune_spec_dict(**dp) -> dict:
+    """The shared e2e study (conftest) plus a fine-tuning `dp:` block: its pretraining is that study's."""
+    return {**e2e_spec_dict(), "dp": {**DP, **dp}}
+
+
+def test_the_shipped_spec_is_the_fine_tuning_regime():
+    spec = load_spec("search_spaces/dp-finetune.yaml")
+    assert spec.dp.finetunes_pretrained and spec.transfer.rule != "dp"
+    assert spec.data.corpus == "stdlib" and spec.dp.data.corpus == "prose"
+    s = sweep_settings(spec)
+    assert len(s.widths) >= 2 and s.widths[-1] == spec.target.width and float("inf") in s.epsilons
+
+
+def test_private_spec_reads_the_private_corpus_with_rule_dp_from_the_handoff(tmp_path):
+    spec = parse_spec(finetune_spec_dict())
+    p = private_spec(spec, tmp_path / "hf_model")
+    assert p.data.corpus == "prose" and p.data.max_files == 40
+    assert p.transfer.rule == "dp" and p.dp.init_from == str(tmp_path / "hf_model")
+    assert not p.dp.finetunes_pretrained and p.dp.data is None
+    assert (p.model, p.sweep, p.target, p.dp.epsilon) == (spec.model, spec.sweep, spec.target, spec.dp.epsilon)
+    # Defaults: the target's width, ε and the noise-free arm, dp.lr or 3e-3, the sweep's seeds.
+    s = sweep_settings(parse_spec(finetune_spec_dict(sweep={})))
+    assert (s.widths, s.epsilons, s.lrs, s.seeds) == ([64], [8.0, float("inf")], [0.003], [0])
+
+
+@pytest.mark.parametrize(
+    "over, text",
+    [
+        ({"transfer": {"rule": "dp"}}, "transfer.rule is the pretraining ladder's rule"),
+        ({"model": {"family": "mlp", "depth": 1, "head_dim": 16, "seq_len": 16}}, "needs a model with a Hugging Face form"),
+        ({"dp": {**DP, "sweep": {"widths": [32, 128]}}}, "exceed target.width=64"),
+        ({"dp": {**DP, "init_from": None}}, "dp.data and dp.sweep apply to the fine-tuning regime"),
+        ({"dp": {**DP, "sweep": {"epsilons": [0]}}}, "each ε must be > 0"),
+    ],
+)
+def test_bad_fine_tuning_specs_name_the_field_and_fix(over, text):
+    with pytest.raises(SpecError, match=text):
+        parse_spec({**finetune_spec_dict(), **over})
+
+
+def test_hpt_dp_sweep_on_a_pretrain_spec_says_to_use_hpt_run(tmp_path):
+    from hptransfer.context import StudyContext
+    from hptransfer.dp.sweep import run_dp_sweep
+    from hptransfer.errors import DPError
+
+    with pytest.raises(DPError, match="run inside `hpt run SPEC`"):
+        run_dp_sweep(StudyContext.from_spec(finetune_spec_dict(), tmp_path))
+
+
+@pytest.mark.slow
+def test_hpt_run_pretrains_then_fine_tunes_privately_from_its_own_handoff(hpt_run_study, tmp_path):
+    """The session's e2e study is the pretraining (sweep → plan → large run, reused: a re-run resumes
+    it); the same `hpt run` with the dp block then runs the DP sweeps at widths 32 (a model pretrained
+    there by the pretraining plan) and 64 (the large run's handoff), the across-width check, the
+    private plan and the private large run."""
+    study = tmp_path / "study"
+    shutil.copytree(hpt_run_study["dir"], study)
+    before = (study / "sweep_results.csv").read_bytes()
+    spec = tmp_path / "ft.yaml"
+    spec.write_text(yaml.safe_dump(finetune_spec_dict()))
+    r = subprocess.run(
+        [sys.executable, "-m", "hptransfer", "run", str(spec), "--study-dir", str(study), "--skip-coord-check"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+    assert (study / "sweep_results.csv").read_bytes() == before  # the pretraining sweep resumed, not redone
+    handoff = study / "train" / "hf_model"
+    # The DP sweeps: every trial of a width starts from that width's pretrained model, within ε.
+    for w in (32, 64):
+        df = pd.read_csv(study / "private" / f"dp_sweep_w{w}" / "dp_sweep_results.csv")
+        assert len(df) == 2 and (df.status == "ok").all() and (df.epsilon_spent <= 8.0 + 1e-9).all()
+        assert df.initial_val_loss.nunique() == 1  # one starting model
+    assert (study / "private" / "pretrain_w32" / "hf_model" / "config.json").is_file()
+    check = json.loads((study / "private" / "dp_across_width.json").read_text())
+    assert (check["narrow_width"], check["wide_width"]) == (32, 64)
+    assert check["per_epsilon"][0]["verdict"] in ("holds", "does not hold", "inconclusive")
+    # The private plan: rule dp on the private corpus, the narrow width's settings, from the handoff.
+    plan = load_plan(study / "private" / "transfer_plan.yaml")
+    assert plan.rule == "dp" and plan.data.corpus == "prose" and plan.target.width == 64
+    assert plan.dp["pretrained_from"] == str(handoff) and plan.dp["settings_from_width"] == 32
+    assert plan.dp["across_width"]["wide_width"] == 64
+    # The private large run: fine-tuned the handed-off model, spent at most ε, said so.
+    final = json.loads((study / "private" / "train" / "train_metrics.json").read_text())["final"]
+    assert final["status"] == "ok" and final["init_from"] == str(handoff)
+    assert 0 < final["epsilon_spent"] <= final["target_epsilon"] == 8.0
+    assert final["steps"] == plan.target.steps and final["batch_size"] == plan.target.batch_size
+    assert "private final" in r.stdout and "ε spent" in r.stdout
