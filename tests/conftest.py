@@ -76,7 +76,12 @@ def ray_local():
     import ray
 
     ray.init(
-        num_cpus=2, include_dashboard=False, object_store_memory=256 * 1024 * 1024, logging_level="WARNING", log_to_driver=False
+        address="local",  # never a `ray start` cluster another test (or xdist worker) has up
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=256 * 1024 * 1024,
+        logging_level="WARNING",
+        log_to_driver=False,
     )
     yield ray
     ray.shutdown()
@@ -86,11 +91,18 @@ def ray_local():
 SLOW_FIXTURES = {"ray_local", "mlflow_server", "hpt_run_study"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("slow"):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if SLOW_FIXTURES & fixtures and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+        # Under `pytest -n 2 --dist loadgroup` (the README's command) a group runs on one worker:
+        # every reader of the session's one `hpt run` together (else each worker would make its
+        # own), and otherwise a module's tests together (they share module fixtures and caches).
+        if not item.get_closest_marker("xdist_group"):
+            group = "hpt_run_study" if "hpt_run_study" in fixtures else item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 # The shared study's large run: steps, and validation every EVAL_EVERY steps (so the console shows
