@@ -151,15 +151,13 @@ def hpt_run_study(tmp_path_factory) -> dict:
     }
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real `mlflow server` on loopback (lean: one worker, no job execution)."""
-    root = tmp_path_factory.mktemp("mlflow_server")
+def start_mlflow_server(root: Path, port: int) -> subprocess.Popen:
+    """A real `mlflow server` on loopback over `root/mlflow.db` (lean: one worker, no job execution),
+    returned once it answers /health. Its log is appended to, so a restart on the same store (the
+    faults test) keeps both lives' lines."""
     from hptransfer.tracking import seed_sqlite_store
 
     seed_sqlite_store(f"sqlite:///{root}/mlflow.db")  # MLflow's empty store, migrated once (test_mlflow_store.py)
-    port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -177,29 +175,41 @@ def mlflow_server(tmp_path_factory):
             "--workers",
             "1",
         ],
-        stdout=open(root / "server.log", "wb"),
+        stdout=open(root / "server.log", "ab"),
         stderr=subprocess.STDOUT,
-        env=env,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )
-    uri = f"http://127.0.0.1:{port}"
     import urllib.request
 
     deadline = time.time() + 90
     while True:
         try:
-            urllib.request.urlopen(uri + "/health", timeout=2)
-            break
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return proc
         except Exception:
             if proc.poll() is not None or time.time() > deadline:
                 proc.kill()
-                raise RuntimeError("mlflow server did not start:\n" + (root / "server.log").read_text()[-3000:])
-            time.sleep(0.5)
-    yield uri
+                raise RuntimeError("mlflow server did not start:\n" + (root / "server.log").read_text()[-3000:]) from None
+            time.sleep(0.3)
+
+
+def stop_process(proc: subprocess.Popen, wait_s: float = 15) -> None:
     proc.terminate()
     try:
-        proc.wait(10)
+        proc.wait(wait_s)
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on loopback, for the session."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = free_port()
+    proc = start_mlflow_server(root, port)
+    yield f"http://127.0.0.1:{port}"
+    stop_process(proc, 10)
 
 
 @pytest.fixture(autouse=True)

@@ -15,62 +15,14 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import free_port
+from conftest import free_port, start_mlflow_server, stop_process
 
 pytestmark = pytest.mark.slow
-
-
-def _mlflow_server(root: Path, port: int) -> subprocess.Popen:
-    """`mlflow server` on loopback over a SQLite file in `root` (a restart reopens the same store)."""
-    from hptransfer.tracking import seed_sqlite_store
-
-    seed_sqlite_store(f"sqlite:///{root}/mlflow.db")  # an empty migrated store: no migrations at start
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{root}/mlflow.db",
-            "--default-artifact-root",
-            str(root / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=open(root / "server.log", "ab"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-    )
-    deadline = time.time() + 90
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            return proc
-        except Exception:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                raise RuntimeError("mlflow server did not start:\n" + (root / "server.log").read_text()[-3000:]) from None
-            time.sleep(0.3)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def _wait_for(predicate, what: str, timeout: float = 300) -> None:
@@ -112,7 +64,7 @@ def test_preempted_killed_torn_and_untracked_large_run_ends_where_an_uninterrupt
     server_root.mkdir()
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
-    server = _mlflow_server(server_root, port)
+    server = start_mlflow_server(server_root, port)
     train = study / "train"
     cmd = [sys.executable, "-m", "hptransfer", "train", str(plan_path), "--study-dir", str(study), "--tracking-uri", uri]
     figures: dict = {}
@@ -170,7 +122,7 @@ def test_preempted_killed_torn_and_untracked_large_run_ends_where_an_uninterrupt
 
         def stop_server_when_training():
             _wait_for(lambda: "torn" in (train / "progress.log").read_text(), "run 3's torn-checkpoint lines")
-            _stop(server)
+            stop_process(server)
             downed.append(time.time())
 
         watcher = threading.Thread(target=stop_server_when_training, daemon=True)
@@ -205,7 +157,7 @@ def test_preempted_killed_torn_and_untracked_large_run_ends_where_an_uninterrupt
         assert f"hpt status {study} --replay-mlflow" in lines
 
         # 5. The server back: the replay delivers everything; one large run, FINISHED, every step.
-        server = _mlflow_server(server_root, port)
+        server = start_mlflow_server(server_root, port)
         assert replay_mlflow(study, tracking_uri=uri).startswith("MLflow: delivered ")
         assert not (train / "mlflow_unsent.jsonl").exists()
         client, runs = _train_runs(uri, plan["study"])
@@ -214,4 +166,4 @@ def test_preempted_killed_torn_and_untracked_large_run_ends_where_an_uninterrupt
         assert runs[0].data.metrics["final_val_loss"] == pytest.approx(final["val_loss"])
         assert "train_metrics.json" in {a.path for a in client.list_artifacts(run_id)}
     finally:
-        _stop(server)
+        stop_process(server)
