@@ -86,7 +86,7 @@ def fold(model: nn.Module, optimizer: torch.optim.Optimizer, lr: float, weight_d
     `optimizer`: the optimizer hptransfer would train `model` with (MuAdamW's groups carry µP's LR
     scaling); `weight_decay_mults`: id(param) → its weight decay relative to the global value (read
     from an optimizer built with weight_decay 1, so it is defined when the plan's is 0)."""
-    from hptransfer.models.handoff import _query_rows, readout_scale
+    from hptransfer.models.handoff import _query_rows, readout_record, readout_scale
 
     lr_of = {id(p): g["lr"] / lr for g in optimizer.param_groups for p in g["params"]}
     eps_of = {id(p): g["eps"] / ADAM_EPS for g in optimizer.param_groups for p in g["params"]}  # depth rules scale ε
@@ -151,15 +151,7 @@ def fold(model: nn.Module, optimizer: torch.optim.Optimizer, lr: float, weight_d
     return Folded(
         model=twin,
         mults=mults,
-        readout={
-            "kind": kind,
-            "output_mult": output_mult,
-            "width_mult": width_mult,
-            "folded_scale": alpha_head,
-            "bias": head.bias is not None,
-            "tied": tied,
-            "untied_on_save": untie,
-        },
+        readout=readout_record(head, kind, output_mult, width_mult, alpha_head, tied=tied, untied_on_save=untie),
         attn_scale_folded=attn,
         notes=notes,
     )

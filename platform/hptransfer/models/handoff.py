@@ -171,17 +171,25 @@ def save_handoff(
         model.save_pretrained(str(out), state_dict=state)
     finally:
         model.config.tie_word_embeddings = tie_before
-    readout = {
+    readout = readout_record(head, kind, output_mult, width_mult, scale, tied=tied, untied_on_save=untie)
+    _write_meta(out, model, readout, attn, spec_model=spec_model, width=width, base_width=base_width, plan_dict=plan_dict)
+    return out
+
+
+def readout_record(
+    head: nn.Module, kind: str, output_mult: float, width_mult: float, folded_scale: float, *, tied: bool, untied_on_save: bool
+) -> dict[str, Any]:
+    """The readout's entry of `hptransfer_handoff.json` (what `load_handoff` undoes), one form for
+    the saved hand-off and the fold (`handoff.fold`)."""
+    return {
         "kind": kind,
         "output_mult": output_mult,
         "width_mult": width_mult,
-        "folded_scale": scale,
+        "folded_scale": folded_scale,
         "bias": head.bias is not None,
         "tied": tied,
-        "untied_on_save": untie,
+        "untied_on_save": untied_on_save,
     }
-    _write_meta(out, model, readout, attn, spec_model=spec_model, width=width, base_width=base_width, plan_dict=plan_dict)
-    return out
 
 
 def _write_meta(
