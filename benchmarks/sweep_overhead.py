@@ -139,6 +139,64 @@ def cold_start_probe(steps: int, repeats: int = 2) -> dict:
     return {**best, "loadavg_1min": round(os.getloadavg()[0], 2)}
 
 
+class ProcessCpu:
+    """CPU seconds (user + system) of this driver and every process under it, by kind, sampled every
+    `every_s` while a sweep runs (a process's last sample counts; one that lived < every_s is missed):
+    where the machine's time goes besides the trials' training steps. Kinds: `driver` (this process:
+    Tune's loop, the searcher, callbacks), `ray_daemons` (GCS, raylet, agents, log monitor),
+    `trial_workers` (Ray worker processes: the trials, their imports and evaluations)."""
+
+    def __init__(self, every_s: float = 0.5):
+        import threading
+
+        self.every_s, self.last, self.kind = every_s, {}, {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def _kind(p) -> str:
+        if p.pid == os.getpid():
+            return "driver"
+        try:
+            cmd = " ".join(p.cmdline())
+        except Exception:
+            return "other"
+        return "trial_workers" if ("default_worker.py" in cmd or "ray::" in cmd) else "ray_daemons"
+
+    def _sample(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                self.last[p.pid] = t.user + t.system
+                self.kind.setdefault(p.pid, self._kind(p))
+            except Exception:
+                pass
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            self._sample()
+
+    def __enter__(self):
+        self._sample()
+        self.start = dict(self.last)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+    def totals(self) -> dict:
+        out: dict[str, float] = {}
+        for pid, cpu in self.last.items():
+            k = self.kind[pid]
+            out[k] = out.get(k, 0.0) + cpu - self.start.get(pid, 0.0)
+        return {k: round(v, 1) for k, v in sorted(out.items())}
+
+
 def one_sweep(n_trials: int, steps: int, work: Path, *, order: str = "widest-first", reuse_actors: bool = True) -> dict:
     """One `run_sweep` of `n_trials`, timed. `order` and `reuse_actors` are run_sweep's own
     arguments: the what-ifs (ascending widths; a fresh process per trial, which pays the imports,
@@ -149,7 +207,8 @@ def one_sweep(n_trials: int, steps: int, work: Path, *, order: str = "widest-fir
     study = Study.from_spec(sweep_spec(n_trials, steps), work / f"sweep_{n_trials}")
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    df, _ = run_sweep(study, restart=True, log=lambda m: None, order=order, reuse_actors=reuse_actors)
+    with ProcessCpu() as cpu:
+        df, _ = run_sweep(study, restart=True, log=lambda m: None, order=order, reuse_actors=reuse_actors)
     wall = time.perf_counter() - t0
     n = len(df)
     train, inside = float(df["train_s"].sum()), float(df["wall_s"].sum())
@@ -170,6 +229,7 @@ def one_sweep(n_trials: int, steps: int, work: Path, *, order: str = "widest-fir
         "overhead_cpu_s_per_trial": round((cpu_s - train) / n, 2),
         "outside_trial_cpu_s_per_trial": round((cpu_s - inside) / n, 2),
         "ray_style_overhead": round(wall / (train / CPUS) - 1, 4),
+        "cpu_s_by_process": cpu.totals(),
         "loadavg_1min_before": round(load0, 2),
         "loadavg_1min_after": round(os.getloadavg()[0], 2),
     }
@@ -241,6 +301,64 @@ def summarise(
     }
 
 
+_WORKER_PROBE = r"""
+import ray
+ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
+print(ray.get(ray.remote(lambda: __import__("hptransfer").__file__).remote()))
+ray.shutdown()
+"""
+
+
+def before_after(ref: str, sizes: list[int], steps: int, out: str, info: dict) -> dict:
+    """The same sweeps with the product at git `ref` (before) and at the working tree (after), in one
+    run, alternating (before, after) per size so both see the same load; each sweep in a fresh
+    process whose PYTHONPATH puts that tree's `platform/` first (its Ray workers inherit it)."""
+    import subprocess
+
+    from hptransfer.io import write_json
+
+    trees = {"after": ROOT}
+    work = Path(tempfile.mkdtemp(prefix="hpt_bench_before_"))
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "platform"], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+        trees["before"] = work
+        env = {tag: {**os.environ, "PYTHONPATH": str(tree / "platform")} for tag, tree in trees.items()}
+        probe = subprocess.run([sys.executable, "-c", _WORKER_PROBE], capture_output=True, text=True, env=env["before"])
+        workers_import = probe.stdout.strip().splitlines()[-1] if probe.stdout.strip() else probe.stderr[-300:]
+        pairs = []
+        for n in sizes:
+            pair = {"trials_grid": n}
+            for tag in ("before", "after"):
+                path = work / f"{tag}_{n}.json"
+                subprocess.run(
+                    [sys.executable, __file__, "--single", "--trials", str(n), "--steps", str(steps), "--out", str(path)],
+                    check=True,
+                    env=env[tag],
+                    cwd=str(ROOT / "benchmarks"),
+                )
+                pair[tag] = json.loads(path.read_text())
+            b, a = pair["before"], pair["after"]
+            pair["after_over_before"] = {
+                k: round(a[k] / b[k], 3) for k in ("wall_s", "sum_trial_wall_s", "sum_train_s") if b.get(k)
+            }
+            pair["overhead_share_change"] = round(a["overhead_share"] - b["overhead_share"], 4)
+            pairs.append(pair)
+            result = {
+                "benchmark": "sweep_overhead_before_after",
+                "ref_before": ref,
+                "after": "working tree",
+                "machine": {**info, "loadavg_at_end": os.getloadavg()},
+                "before_workers_import_hptransfer_from": workers_import,
+                "pairs": pairs,
+            }
+            write_json(out, result)
+            print(f"[sweep_overhead] {json.dumps(pair)}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
 def main(argv: list[str]) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", default="12,24,48", help="comma-separated sweep sizes (multiples of 12)")
@@ -261,6 +379,13 @@ def main(argv: list[str]) -> dict:
     ap.add_argument(
         "--probe-only", action="store_true", help="only time a fresh trial process's start-up and merge it into an existing --out"
     )
+    ap.add_argument(
+        "--before",
+        metavar="REF",
+        help="before/after in one run: each --trials size swept with the product at git REF, then with the working "
+        "tree, alternating; writes the pairs to --out (default results/sweep_overhead_before_after.json)",
+    )
+    ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)  # one sweep → --out (for --before)
     args = ap.parse_args(argv)
 
     from hptransfer.env import configure
@@ -274,6 +399,20 @@ def main(argv: list[str]) -> dict:
         args.out = str(ROOT / "benchmarks" / "results" / "sweep_overhead_ascending_widths.json")
     sizes = [int(x) for x in args.trials.split(",")]
     info = machine_info([str(Path(__file__).relative_to(ROOT)), *argv])
+    if args.single:
+        import hptransfer
+
+        work = Path(tempfile.mkdtemp(prefix="hpt_bench_sweep_"))
+        try:
+            run = {**one_sweep(sizes[0], args.steps, work), "hptransfer_from": hptransfer.__file__}
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        write_json(args.out, run)
+        return run
+    if args.before:
+        if args.out == ap.get_default("out"):
+            args.out = str(ROOT / "benchmarks" / "results" / "sweep_overhead_before_after.json")
+        return before_after(args.before, sizes, args.steps, args.out, info)
     if args.probe_only:
         result = json.loads(Path(args.out).read_text())
         result["cold_start_probe"] = {**cold_start_probe(args.steps), "command": info["command"], "date_utc": info["date_utc"]}
