@@ -70,7 +70,18 @@ def validate(spec: Path = SPEC):
         + escape(
             f"study {s.name!r}, {s.model.family}/{s.model.parametrization}, widths {s.sweep.widths} → target "
             f"{s.target.width}, grid {dict(s.sweep.grid)}, {s.sweep.n_trials} trials, rule {s.transfer.rule}"
+            + (_finetune_line(s) if s.dp is not None and s.dp.finetunes_pretrained else "")
         )
+    )
+
+
+def _finetune_line(s) -> str:
+    from hptransfer.dp.finetune import sweep_settings
+
+    f = sweep_settings(s)
+    return (
+        f"; then DP fine-tuning from the large run on corpus {(s.dp.data or s.data).corpus!r}: DP sweep widths "
+        f"{f.widths}, ε {f.epsilons}, lrs {f.lrs}, seeds {f.seeds}; private run ε ≤ {s.dp.epsilon:g}"
     )
 
 
