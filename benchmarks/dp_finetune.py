@@ -11,7 +11,7 @@ readout folded in) and cached; every DP run fine-tunes that model (`dp.init_from
 corpus (installed packages' READMEs, `data.corpus: prose`, a different distribution) with the
 product's own DP code: one `hpt dp-sweep` LM trial each (`dp.lm_task.run_dp_lm_finetune`: Opacus,
 Poisson sampling at q = B/N, T = ceil(E·N/B) steps, the normalized DP-Adam of
-`dp.train.make_private_normalized`, σ from the PRV accountant), N = the first 2048 sequences of 33
+`dp.train.make_private_normalized`, σ from the PRV accountant), N = the first 512 sequences of 33
 bytes. Score: validation loss on 8 fixed batches of 64 held-out prose sequences. Every private run's
 ε spent, read from Opacus' accountant at its end, is recorded and checked ≤ its target.
 
@@ -44,10 +44,14 @@ Paper 1's directions, from the grid on the selection seeds (per-seed statistics,
 (d) more epochs make larger batches viable: the slope at E = 4 minus the slope at E = 1 < 0.
 (a)–(c) at each E. "inconclusive" when the interval straddles the claim's boundary.
 
-Why this size: one run costs ≈ E·N per-example gradients of a 2-layer width-32 Llama plus ~30 ms per
-step: 2–6 s at E = 1 and 8–20 s at E = 4 on one thread here. 3 ε × 2 E × 20 cells × 3 selection
-seeds + 3 cells × 3 scoring seeds + the pilot is ~470 runs, ~30 min on 2 idle processes. σ for
-every (ε, q, T) is computed once in the driver (the PRV search takes 2–17 s) and handed to the workers.
+Why this size: one run costs ≈ E·N per-example gradients of a 2-layer width-32 Llama, ~30 ms per step
+(Opacus' hooks) and ~1 s (model, accountant, evaluation): ~2 s at E = 1 and ~5 s at E = 4 with
+N = 512 on one idle thread. 3 ε × 2 E × 20 cells × 3 selection seeds + 3 cells × 3 scoring seeds +
+the pilot is ~470 runs, ~1500 CPU-seconds: ~13 min on 2 idle processes. It was sized down twice
+(N = 2048, then 1024) because this shared machine ran it at a load of 12–30, i.e. ~10× slower than
+idle. The grid runs one selection seed at a time, each followed by the grid best's scoring runs, so a
+run cut short still gives every comparison (chosen on fewer seeds; the JSON lists the seeds used).
+σ for every (ε, q, T) is computed once in the driver (the PRV search takes 2–17 s).
 
 Run: nice -n 10 .venv/bin/python benchmarks/dp_finetune.py   → benchmarks/results/dp_finetune.{json,png}
 Quick end-to-end check (1 ε, 1 E, 2 B × 2 C, tiny pretraining; a few minutes): add `--quick --out /tmp/dp_finetune`.
@@ -76,7 +80,7 @@ WORK = Path("/tmp/hpt_dp_finetune")  # the pretrained model and the σ table
 FULL = {
     "epsilons": [0.5, 2.0, 8.0],
     "epochs": [1, 4],
-    "dataset_size": 2048,
+    "dataset_size": 512,
     "batch_sizes": [16, 32, 64, 128, 256],
     "clip_factors": [0.25, 0.63, 1.6, 4.0],  # × the median measured norm; ratio ≈ 2.5
     "selection_seeds": [0, 1, 2],
@@ -261,9 +265,10 @@ _W: dict = {}
 
 
 def use_sigmas(sigmas: dict[str, float]) -> None:
-    """Make `dp.accounting.noise_multiplier` answer from the driver's table of its own values (same
-    arguments, same function), so the PRV search runs once per (ε, q, T), not once per process;
-    arguments not in the table are computed as before. Trials and plans look it up at call time."""
+    """The driver's plans (`dp_plan_for` → `accounting.noise_table`) read σ from the table of the
+    very same function's values (same arguments), so the PRV search is not repeated in the driver
+    on every (re)run; arguments not in the table are computed as before. A memo of a pure function:
+    no behaviour changes. (Trials get theirs through `run_dp_lm_finetune(sigma=)`.)"""
     from hptransfer.dp import accounting
 
     compute = getattr(accounting.noise_multiplier, "compute", accounting.noise_multiplier)
@@ -284,15 +289,25 @@ def _init(spec: dict, sigmas: dict[str, float]) -> None:
 
     torch.set_num_threads(1)
     _W["task"] = load_lm_task(parse_spec(spec))
-    use_sigmas(sigmas)
+    _W["sigmas"] = sigmas
 
 
 def _run(key: dict) -> dict:
+    from hptransfer.dp.accounting import steps_for
     from hptransfer.dp.lm_task import run_dp_lm_finetune
 
     t0 = time.perf_counter()
+    n, e = key["dataset_size"], key["epsilon"]
+    sig = (
+        None
+        if math.isinf(e)
+        else _W["sigmas"].get(
+            sigma_key(e, key["delta"], key["batch_size"] / n, steps_for(n, key["epochs"], key["batch_size"]), key["accountant"])
+        )
+    )
     m = run_dp_lm_finetune(
         _W["task"],
+        sigma=sig,  # the driver's σ for these (ε, δ, q, T); None: the trial computes it
         epsilon=key["epsilon"],
         delta=key["delta"],
         epochs=key["epochs"],
@@ -331,13 +346,15 @@ def _describe(r: dict) -> str:
 
 
 class Runner:
-    """Runs keys through the JSON-lines cache with the task loaded once per worker process; with
-    `cached_only`, returns the cached subset and counts the missing ones."""
+    """Runs keys through the JSON-lines cache in one pool of worker processes (the task loaded once
+    per worker), kept across rounds; with `cached_only`, returns the cached subset and counts the
+    missing ones."""
 
     def __init__(self, cache: RunCache, spec: dict, sigmas: dict, procs: int, cached_only: bool):
         self.cache, self.spec, self.sigmas, self.procs, self.cached_only = cache, spec, sigmas, procs, cached_only
         self.missing: list[dict] = []
         self.all: dict[str, dict] = {}
+        self.pool = None
 
     def __call__(self, keys: list[dict]) -> dict[str, dict]:
         if not keys:
@@ -347,6 +364,12 @@ class Runner:
             self.missing += [k for k in keys if key_str(k) not in done]
             out = {key_str(k): done[key_str(k)] for k in keys if key_str(k) in done}
         else:
+            import inspect
+            import multiprocessing as mp
+
+            reuse = "pool" in inspect.signature(RunCache.run).parameters
+            if reuse and self.pool is None and any(key_str(k) not in self.cache.load(list(keys[0])) for k in keys):
+                self.pool = mp.get_context("spawn").Pool(self.procs, _init, (self.spec, self.sigmas))
             out = self.cache.run(
                 keys,
                 _run,
@@ -355,9 +378,15 @@ class Runner:
                 describe=_describe,
                 initializer=_init,
                 initargs=(self.spec, self.sigmas),
+                **({"pool": self.pool} if reuse else {}),
             )
         self.all.update(out)
         return out
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool = None
 
 
 # --- plan, evidence and statistics ----------------------------------------------------------------
@@ -444,7 +473,7 @@ def main(argv: list[str] | None = None) -> dict:
     median = _c(float(np.median(norms)))
     print(f"per-example gradient norms of the pretrained model on {len(norms)} held-out prose sequences: median {median}")
     sigmas = sigma_table(s, args.work, args.procs)
-    use_sigmas(sigmas)  # the plans' σ√T tables too
+    use_sigmas(sigmas)  # the plans' σ√T tables (trials get σ as an argument)
     run = Runner(RunCache(args.cache), spec, sigmas, args.procs, args.cached_only)
     key = lambda *a: run_key(s, pre, *a)
 
@@ -476,15 +505,15 @@ def main(argv: list[str] | None = None) -> dict:
         for e in s["epsilons"]:
             plans[(e, ep)] = dp_plan_for(dp_config(s, e, ep, median, lr_ref), ev)
 
-    # 3. the grid on the selection seeds; plan and default on the scoring seeds
+    # 3. plan and default on the scoring seeds; then one selection seed at a time: the grid on it, and
+    #    the grid best chosen on the selection seeds so far run on the scoring seeds (so a run cut
+    #    short still leaves complete comparisons, chosen on fewer selection seeds)
     clips = [_c(median * f) for f in s["clip_factors"]]
     grid = {(e, ep, b, c) for e in s["epsilons"] for ep in s["epochs"] for b in s["batch_sizes"] for c in clips}
     plan_cell = {(e, ep): (e, ep, p.batch_size, _c(p.clip)) for (e, ep), p in plans.items()}
     default_cell = {(e, ep): (e, ep, DEFAULT["batch_size"], DEFAULT["clip"]) for e in s["epsilons"] for ep in s["epochs"]}
     cell_key = lambda c, sd: key(c[0], c[1], c[2], c[3], lr_for(s, lr_ref, c[2]), sd)
-    keys = [cell_key(c, sd) for c in sorted(grid) for sd in s["selection_seeds"]]
-    keys += [cell_key(c, sd) for d in (plan_cell, default_cell) for c in d.values() for sd in s["scoring_seeds"]]
-    res = run(keys)
+    res = run([cell_key(c, sd) for d in (plan_cell, default_cell) for c in d.values() for sd in s["scoring_seeds"]])
 
     def seeds_of(cell: tuple, seeds: list[int]) -> dict[int, float]:
         out = {}
@@ -494,14 +523,23 @@ def main(argv: list[str] | None = None) -> dict:
                 out[sd] = r["val_loss"]
         return out
 
-    # 4. the grid best per (ε, E), chosen on the selection seeds, run on the scoring seeds
-    best_cell = {}
-    for e in s["epsilons"]:
-        for ep in s["epochs"]:
-            mine = [c for c in grid if c[0] == e and c[1] == ep and seeds_of(c, s["selection_seeds"])]
-            if mine:
-                best_cell[(e, ep)] = min(mine, key=lambda c: (_mean(seeds_of(c, s["selection_seeds"])), c))
-    res.update(run([cell_key(c, sd) for c in best_cell.values() for sd in s["scoring_seeds"]]))
+    used: list[int] = []  # selection seeds whose whole grid ran
+    best_cell: dict = {}
+    for sd in s["selection_seeds"]:
+        got = run([cell_key(c, sd) for c in sorted(grid)])
+        res.update(got)
+        if len(got) < len(grid):  # --cached-only: this seed's grid is incomplete
+            break
+        used.append(sd)
+        # 4. the grid best per (ε, E), chosen on the selection seeds so far, run on the scoring seeds
+        best_cell = {
+            (e, ep): min((c for c in grid if c[0] == e and c[1] == ep), key=lambda c: (_mean(seeds_of(c, used)), c))
+            for e in s["epsilons"]
+            for ep in s["epochs"]
+        }
+        res.update(run([cell_key(c, x) for c in best_cell.values() for x in s["scoring_seeds"]]))
+    run.close()
+    s = {**s, "selection_seeds": used, "selection_seeds_planned": s["selection_seeds"]}
 
     out = analyse(s, median, norms, lr_ref, lr_score, plans, evidence, grid, plan_cell, default_cell, best_cell, seeds_of)
     private = [r for r in run.all.values() if math.isfinite(r["epsilon"])]
@@ -547,6 +585,7 @@ def analyse(s, median, norms, lr_ref, lr_score, plans, evidence, grid, plan_cell
     """Rows, paired comparisons, the goal and the directions' verdicts."""
     import numpy as np
 
+    from hptransfer.dp.accounting import noise_row
     from hptransfer.dp.rule import clip_from_norms
 
     sel, sco = s["selection_seeds"], s["scoring_seeds"]
@@ -561,7 +600,7 @@ def analyse(s, median, norms, lr_ref, lr_score, plans, evidence, grid, plan_cell
             "clip_reference_median_norm": median,
             "clip_grid": sorted({c[3] for c in grid}),
             "model": f"llama width {s['width']}, depth {s['depth']}, head_dim {s['head_dim']}, µP, seq_len {s['seq_len']}",
-            "public_corpus": f"stdlib .py bytes (max_files {s['max_files']}): pretraining, non-private",
+            "public_corpus": f"stdlib .py bytes (max_files {s['max_files']})",
             "private_corpus": f"prose (installed packages' READMEs, max_files {s['max_files']}); N = first "
             f"{s['dataset_size']} sequences of {s['seq_len'] + 1} bytes",
         },
@@ -584,7 +623,7 @@ def analyse(s, median, norms, lr_ref, lr_score, plans, evidence, grid, plan_cell
                 continue
             sc = seeds_of(cell, sco)
             ci = _ci(sc)
-            nr = table.get(cell[2])
+            nr = table.get(cell[2]) or noise_row(e, s["delta"], s["dataset_size"], ep, cell[2], 1, s["accountant"])
             out["rows"].append(
                 {
                     "epsilon": e,
@@ -638,7 +677,7 @@ def analyse(s, median, norms, lr_ref, lr_score, plans, evidence, grid, plan_cell
         "met": never_worse and near_best,
         "rule": "every plan_minus_default.lo ≤ 0 and every plan_minus_grid_best.lo ≤ 0 (95% t-intervals, paired by seed)",
     }
-    out["verdicts"] = directions(s, plans, grid, seeds_of)
+    out["verdicts"] = directions(s, plans, grid, seeds_of) if sel else {}
     return out
 
 

@@ -547,6 +547,115 @@ def dp_lm_section(d: dict) -> str:
 SECTIONS["dp_lm"] = dp_lm_section
 
 
+# --- dp_finetune (benchmarks/dp_finetune.py): the plan on a pretrained model, paired on held-out seeds ---
+
+
+def _side(ci: dict | None) -> str:
+    """plan − other, read from its interval: which side of 0."""
+    if not ci or ci.get("lo") is None:
+        return "—"
+    return "plan better" if ci["hi"] < 0 else "plan worse" if ci["lo"] > 0 else "within noise"
+
+
+def _dp_finetune_verdicts(v: dict) -> list[str]:
+    """Each direction's verdict, recomputed from its interval (same rule as `verdict`)."""
+    out = []
+    for name, x in v.items():
+        ci = x.get("relative_slope") or x.get("slope_difference")
+        if name.startswith("a_"):
+            what = f"(a) ε = {x['epsilon']:g}, E = {x['epochs']:g}: loss flat in B over B = {x['batch_sizes']} (σ√T within 5% of its minimum)"
+            lo_c, hi_c = x["claim_region"]
+            vd = verdict(ci["lo"], ci["hi"], inside=(lo_c, hi_c)) if ci and ci["lo"] is not None else "inconclusive"
+            detail = f"relative slope per doubling {_ci_text(ci, '+.4f')}, flat region ±{hi_c:g}" if ci else x.get("why", "")
+        elif name.startswith("b_"):
+            what = f"(b) ε = {x['epsilon']:g}, E = {x['epochs']:g}: larger B is better"
+            vd = verdict(ci["lo"], ci["hi"], below=0.0) if ci and ci["lo"] is not None else "inconclusive"
+            detail = f"relative slope per doubling {_ci_text(ci, '+.4f')}, claim < 0" if ci else x.get("why", "")
+        elif name.startswith("c_"):
+            d = x["log_ratio"]
+            what = f"(c) E = {x['epochs']:g}: the best C is larger at ε = {x['epsilons'][0]:g} than at ε = {x['epsilons'][1]:g}"
+            vd = verdict(-d["hi"], -d["lo"], below=0.0)
+            optima = "; ".join(
+                f"ε={e}: C* = {g(o['value'], '.3g')} at B = {o['batch_size']}"
+                + (f" ({o['censored']} bound)" if o["censored"] else "")
+                for e, o in x["optima"].items()
+            )
+            detail = f"log C* difference {_ci_text(d, '+.3f')}, claim > 0 ({optima})"
+        else:
+            what = f"(d) ε = {x['epsilon']:g}: more epochs make larger B viable (slope at E = {x['epochs'][1]:g} minus at E = {x['epochs'][0]:g})"
+            vd = verdict(ci["lo"], ci["hi"], below=0.0) if ci and ci["lo"] is not None else "inconclusive"
+            detail = f"{_ci_text(ci, '+.4f')}, claim < 0" if ci else ""
+        out.append(f"- {what}: {detail} → **{vd}**")
+    return out
+
+
+def dp_finetune_section(d: dict) -> str:
+    s = d["setting"]
+    comps = []
+    for c in d["comparisons"]:
+        pmd, pmg = c["plan_minus_default"], c["plan_minus_grid_best"]
+        gb = c.get("grid_best") or {}
+        comps.append(
+            [
+                g(c["epsilon"]),
+                g(c["epochs"]),
+                f"{c['plan']['batch_size']} / {g(c['plan']['clip'], '.3g')}",
+                f"{g(gb.get('batch_size'))} / {g(gb.get('clip'), '.3g')}",
+                _ci_text(pmd, "+.4f"),
+                _side(pmd),
+                _ci_text(pmg, "+.4f"),
+                _side(pmg),
+            ]
+        )
+    rows = [
+        [
+            g(r["epsilon"]),
+            g(r["epochs"]),
+            r["choice"],
+            g(r["batch_size"]),
+            f"{g(r['clip'], '.3g')} ({g(r['clip_over_median'], '.2g')}×)",
+            g(r["lr"], ".3g"),
+            g(r["steps"]),
+            g(r["sigma_sqrt_T"], ".3g"),
+            _ci_text({"mean": r["val_loss"], "lo": r["ci_low"], "hi": r["ci_high"]}) if r["val_loss"] is not None else "—",
+        ]
+        for r in d["rows"]
+    ]
+    goal = d["goal"]
+    ok_d = all(
+        c["plan_minus_default"] and c["plan_minus_default"]["lo"] is not None and c["plan_minus_default"]["lo"] <= 0
+        for c in d["comparisons"]
+    )
+    ok_g = all(
+        c["plan_minus_grid_best"] and c["plan_minus_grid_best"]["lo"] is not None and c["plan_minus_grid_best"]["lo"] <= 0
+        for c in d["comparisons"]
+    )
+    pre = d.get("pretraining", {})
+    return (
+        f"\n{s['model']}, pretrained (non-privately: {pre.get('pretrain_steps')} steps of {pre.get('pretrain_batch')} on the "
+        f"{s['public_corpus']}; public val loss {g(pre.get('public_val_loss'), '.4f')}), then DP-fine-tuned on the "
+        f"{s['private_corpus']}; δ = {s['delta']:g}, {s['accountant']} accountant; {s['lr_rule']} in every arm; C grid = "
+        f"median measured norm {g(s['clip_reference_median_norm'], '.4g')} × {s['clip_factors']}; default B = "
+        f"{s['default']['batch_size']}, C = {s['default']['clip']:g}. Grid on seeds {s['selection_seeds']}, the grid best "
+        f"chosen there; plan, default and grid best scored on seeds {s['scoring_seeds']}; the plan's evidence from seeds "
+        f"{s['pilot_seeds']}. {d['n_runs']} runs, max ε spent / target = {g(d['max_epsilon_spent_over_target'], '.4f')}"
+        + ("" if d.get("complete", True) else f" — **incomplete**: {d.get('missing_runs', '?')} runs missing")
+        + ".\n\nPaired by seed on the scoring seeds (mean [95% t-interval]); B / C of each choice:\n\n"
+        + md_table(["ε", "E", "plan B / C", "grid best B / C", "plan − default", "", "plan − grid best", ""], comps)
+        + f"\n\nGoal (every plan − default lo ≤ 0: **{'met' if ok_d else 'not met'}**; every plan − grid best lo ≤ 0: "
+        f"**{'met' if ok_g else 'not met'}**) → **{'met' if ok_d and ok_g else 'not met'}**"
+        + ("" if goal.get("met") == (ok_d and ok_g) else " (differs from the JSON's goal: rerun the benchmark)")
+        + ".\n\n"
+        + md_table(["ε", "E", "choice", "B", "C (× median)", "lr", "T", "σ√T", "val loss on scoring seeds [95% t]"], rows)
+        + "\n\nPaper 1's directions in the fine-tuning regime (grid, selection seeds), verdicts from the intervals:\n\n"
+        + "\n".join(_dp_finetune_verdicts(d["verdicts"]))
+        + "\n"
+    )
+
+
+SECTIONS["dp_finetune"] = dp_finetune_section
+
+
 # --- depth_regret (benchmarks/depth_regret.py): LR* against depth, regret at the target ------------
 
 

@@ -266,6 +266,31 @@ def test_the_noise_free_arm_is_the_same_run_without_noise():
     assert m["val_loss"] < m["initial_val_loss"]  # it trains (on its own training sequences' first 8)
 
 
+def test_a_trial_uses_the_sigma_it_is_given_and_refuses_one_that_spends_more_than_epsilon():
+    import torch
+
+    from hptransfer.dp.accounting import noise_multiplier
+    from hptransfer.dp.lm_task import LMTask, run_dp_lm_finetune
+    from hptransfer.dp.train import PrivacyBudgetExceeded
+    from hptransfer.spec import ModelSpec
+
+    seqs = torch.randint(0, 256, (64, 9), generator=torch.Generator().manual_seed(0))
+    task = LMTask(
+        model=ModelSpec(family="mlp", depth=1, seq_len=8, parametrization="mup"),
+        width=16,
+        base_width=16,
+        sequences=seqs,
+        val=[(seqs[:8, :-1], seqs[:8, 1:])],
+        fixed={"weight_decay": 0.0},
+    )
+    kw = {"epsilon": 4.0, "delta": 1e-4, "epochs": 1, "batch_size": 16, "clip": 1.0, "lr": 0.01, "accountant": "rdp"}
+    own = noise_multiplier(4.0, 1e-4, 16 / 64, 4, "rdp")
+    given = run_dp_lm_finetune(task, **kw, sigma=1.5 * own)  # more noise than needed: allowed, and used
+    assert given["sigma"] == 1.5 * own and given["dp/epsilon"] < 4.0
+    with pytest.raises(PrivacyBudgetExceeded, match="spends"):
+        run_dp_lm_finetune(task, **kw, sigma=0.5 * own)
+
+
 def test_the_transfer_rule_uses_the_dp_sweeps_evidence():
     from hptransfer.transfer.rules import RULES, Evidence, Target
 

@@ -111,9 +111,13 @@ def run_dp_lm_finetune(
     lr: float,
     accountant: str = "prv",
     seed: int = 0,
+    sigma: float | None = None,
 ) -> dict[str, float]:
     """One trial: DP-fine-tune the task's model at (B, C, lr) with σ for (ε, δ, q = B/N, T =
     ceil(E·N/B)); returns validation loss before and after, ε spent, σ, T and the last train loss.
+    `sigma`: that σ when the caller already has it (`accounting.noise_multiplier` of the same
+    arguments; a driver running many trials computes each once: the PRV search takes seconds). A σ
+    that would spend more than ε is refused before training (`train_dp`), so it cannot weaken privacy.
 
     ε = inf is the noise-free trial of the same run (σ = 0: Poisson sampling, clipping at C and the
     normalized form kept, no noise; ε spent inf): its loss against T is the step curve the
@@ -129,7 +133,10 @@ def run_dp_lm_finetune(
     n = task.private_size
     t = steps_for(n, epochs, batch_size)
     noise_free = math.isinf(epsilon)
-    sigma = 0.0 if noise_free else noise_multiplier(epsilon, delta, batch_size / n, t, accountant)
+    if noise_free:
+        sigma = 0.0
+    elif sigma is None:
+        sigma = noise_multiplier(epsilon, delta, batch_size / n, t, accountant)
     if noise_free:
         accountant = "rdp"
     register_mu_readout()
