@@ -245,11 +245,11 @@ def finetune_stage(study: StudyContext, *, log=print) -> dict:
             tables[w] = dp_sweep_stage(sweeps[w], width=w, epsilons=s.epsilons, lrs=s.lrs, seeds=s.seeds, log=log)
         check = ft.across_width(tables, s.tolerance) if len(s.widths) > 1 else None
         if check is not None:
-            write_json(study.paths.dp_across_width, ft._plain(check))
+            write_json(study.paths.dp_across_width, ft.plain_numbers(check))
             log(summary(check))
         pspec = ft.private_spec(spec, study.paths.train.hf_model)
         private = ft.sub_study(study, pspec, study.paths.private)
-        plan = ft.private_plan(study, pspec, sweeps[s.widths[0]], check)
+        plan = ft.private_plan(study, pspec, sweeps[s.widths[0]], s.widths[0], check)
         with private.lock():
             save_plan(plan, private.paths.plan)
         log(

@@ -152,7 +152,9 @@ def across_width(tables: dict[int, pd.DataFrame], tolerance: float) -> dict:
     return compare_widths(df, tolerance)
 
 
-def private_plan(study: StudyContext, pspec: StudySpec, narrow: StudyContext, check: dict | None) -> TransferPlan:
+def private_plan(
+    study: StudyContext, pspec: StudySpec, narrow: StudyContext, narrow_width: int, check: dict | None
+) -> TransferPlan:
     """The private plan: rule dp on the pretraining sweep's table (µP's width transfer underneath)
     with the narrowest width's DP sweep as its evidence, at the target width; the across-width
     check and where the model came from in its `dp` section."""
@@ -165,18 +167,18 @@ def private_plan(study: StudyContext, pspec: StudySpec, narrow: StudyContext, ch
     plan = make_plan(pspec, table, provenance={"results_file_hash": file_hash(study.paths.sweep_results), **prov}, dp_evidence=ev)
     dp = dict(plan.dp or {})
     dp["pretrained_from"] = pspec.dp.init_from
-    dp["settings_from_width"] = int(narrow.paths.root.name.removeprefix("dp_sweep_w"))
+    dp["settings_from_width"] = narrow_width
     if check is not None:
-        dp["across_width"] = _plain(check)
+        dp["across_width"] = plain_numbers(check)
     return plan.model_copy(update={"dp": dp})
 
 
-def _plain(obj):
+def plain_numbers(obj):
     """ε = inf (the noise-free arm) as the string "inf": a plan holds no non-finite number."""
     if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
+        return {k: plain_numbers(v) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_plain(v) for v in obj]
+        return [plain_numbers(v) for v in obj]
     if isinstance(obj, float) and not math.isfinite(obj):
         return str(obj)
     return obj
