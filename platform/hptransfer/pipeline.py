@@ -297,16 +297,18 @@ def run_study(
             + "".join(f"\n  warning: {w}" for w in plan.diagnostics.warnings)
         )
         t = time.time()
-        # A re-run continues an interrupted large run instead of refusing; one that finished this
-        # very plan is not started again (a fine-tuning study's re-run goes on to its private part).
-        metrics = None if restart_train else finished_run(study, plan)
+        # A re-run continues an interrupted large run (or finds it finished: Ray Train restores its last
+        # checkpoint) instead of refusing. A fine-tuning study's re-run, there for its private part,
+        # does not relaunch a pretraining run that finished this very plan.
+        finetunes = spec.dp is not None and spec.dp.finetunes_pretrained
+        metrics = finished_run(study, plan) if finetunes and not restart_train else None
         if metrics is not None:
             log(f"large run: already finished for this plan ({study.paths.train.metrics})")
         else:
             metrics = train_stage(study, plan, resume=not restart_train, restart=restart_train, log=log)
         times["train_s"] = time.time() - t
         private = None
-        if spec.dp is not None and spec.dp.finetunes_pretrained:  # then fine-tune privately from its handoff
+        if finetunes:  # then fine-tune privately from its handoff
             t = time.time()
             private = finetune_stage(study, log=log)
             times["private_s"] = time.time() - t
