@@ -103,6 +103,9 @@ def pytest_collection_modifyitems(config, items):
         if not item.get_closest_marker("xdist_group"):
             group = "hpt_run_study" if "hpt_run_study" in fixtures else item.nodeid.split("::", 1)[0]
             item.add_marker(pytest.mark.xdist_group(group))
+    # The shared study's group is the longest (the `hpt run`, then everything that reads or resumes
+    # it): first in the queue, so that it is never what the other worker waits for at the end.
+    items.sort(key=lambda it: "hpt_run_study" not in getattr(it, "fixturenames", ()))
 
 
 # The shared study's large run: steps, and validation every EVAL_EVERY steps (so the console shows
