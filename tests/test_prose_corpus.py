@@ -48,6 +48,16 @@ def test_same_bytes_in_another_process(prose):
     assert r.stdout.split() == [_digest(prose.train), _digest(prose.val)]
 
 
+def test_what_the_process_imported_does_not_change_the_documents():
+    # `import ray` puts ray/thirdparty_files (colorama's dist-info) on sys.path: a Ray worker and its
+    # driver would read different corpora if the scan followed sys.path.
+    before = prose_documents()
+    import ray  # noqa: F401
+
+    assert any(p.endswith("thirdparty_files") for p in sys.path)  # the trap is still there to avoid
+    assert prose_documents() == before
+
+
 def test_whole_documents_in_one_split_each_by_a_hash_of_the_name(prose):
     docs = prose_documents()
     names = [n for n, _ in docs]

@@ -11,9 +11,11 @@ in the project's environment). Licence texts were the alternative; they are few 
 
 Determinism: documents are keyed by the distribution's normalized name; the train/validation split
 and the order are stable hashes of that key (as `stdlib_corpus` does with paths), so every machine
-with the same packages (the same `constraints.txt`) gets the same bytes, whatever the order of
-sys.path or of the directory listing. hptransfer's own distribution is left out (its README changes
-with every commit). Descriptions shorter than `MIN_BYTES` (stubs such as "UNKNOWN") are left out.
+with the same packages (the same `constraints.txt`) gets the same bytes, whatever the order of the
+directory listing or what the process has imported: only the interpreter's own site-packages are
+read, not sys.path (`import ray` puts ray/thirdparty_files, with colorama's dist-info, on sys.path: a
+Ray worker and its driver would read different corpora). hptransfer's own distribution is left out
+(its README changes with every commit). Descriptions shorter than `MIN_BYTES` (stubs such as "UNKNOWN") are left out.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata as md
 import re
+import sysconfig
 
 import torch
 
@@ -42,12 +45,19 @@ def _description(dist: md.Distribution) -> str:
     return (body or meta.get("Description") or "").strip()
 
 
+def site_dirs() -> list[str]:
+    """The interpreter's site-packages (the venv's): where the installed distributions are, whatever
+    the process imported (see the module docstring)."""
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys(p for p in (paths["purelib"], paths["platlib"]) if p))
+
+
 def prose_documents(min_bytes: int = MIN_BYTES) -> list[tuple[str, bytes]]:
-    """(normalized distribution name, UTF-8 description) for every installed distribution with a
-    description of at least `min_bytes`, sorted by a stable hash of the name. The first of several
-    installs of one name on sys.path wins (as importlib's own lookup does)."""
+    """(normalized distribution name, UTF-8 description) for every distribution installed in
+    `site_dirs()` with a description of at least `min_bytes`, sorted by a stable hash of the name.
+    The first of several installs of one name wins (as importlib's own lookup does)."""
     docs: dict[str, bytes] = {}
-    for dist in md.distributions():
+    for dist in md.distributions(path=site_dirs()):
         name = _normalized(dist.metadata.get("Name") or "")
         if not name or name in docs or name in _EXCLUDE:
             continue
