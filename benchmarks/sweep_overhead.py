@@ -309,7 +309,7 @@ ray.shutdown()
 """
 
 
-def before_after(ref: str, sizes: list[int], steps: int, out: str, info: dict) -> dict:
+def before_after(ref: str, sizes: list[int], steps: int, out: str, info: dict, after_first: bool = False) -> dict:
     """The same sweeps with the product at git `ref` (before) and at the working tree (after), in one
     run, alternating (before, after) per size so both see the same load; each sweep in a fresh
     process whose PYTHONPATH puts that tree's `platform/` first (its Ray workers inherit it)."""
@@ -329,7 +329,7 @@ def before_after(ref: str, sizes: list[int], steps: int, out: str, info: dict) -
         pairs = []
         for n in sizes:
             pair = {"trials_grid": n}
-            for tag in ("before", "after"):
+            for tag in ("after", "before") if after_first else ("before", "after"):
                 path = work / f"{tag}_{n}.json"
                 subprocess.run(
                     [sys.executable, __file__, "--single", "--trials", str(n), "--steps", str(steps), "--out", str(path)],
@@ -348,6 +348,7 @@ def before_after(ref: str, sizes: list[int], steps: int, out: str, info: dict) -
                 "benchmark": "sweep_overhead_before_after",
                 "ref_before": ref,
                 "after": "working tree",
+                "order": "after, before" if after_first else "before, after",
                 "machine": {**info, "loadavg_at_end": os.getloadavg()},
                 "before_workers_import_hptransfer_from": workers_import,
                 "pairs": pairs,
@@ -385,6 +386,9 @@ def main(argv: list[str]) -> dict:
         help="before/after in one run: each --trials size swept with the product at git REF, then with the working "
         "tree, alternating; writes the pairs to --out (default results/sweep_overhead_before_after.json)",
     )
+    ap.add_argument(
+        "--after-first", action="store_true", help="with --before: sweep the working tree first (a second pair, ABBA)"
+    )
     ap.add_argument("--single", action="store_true", help=argparse.SUPPRESS)  # one sweep → --out (for --before)
     args = ap.parse_args(argv)
 
@@ -412,7 +416,7 @@ def main(argv: list[str]) -> dict:
     if args.before:
         if args.out == ap.get_default("out"):
             args.out = str(ROOT / "benchmarks" / "results" / "sweep_overhead_before_after.json")
-        return before_after(args.before, sizes, args.steps, args.out, info)
+        return before_after(args.before, sizes, args.steps, args.out, info, after_first=args.after_first)
     if args.probe_only:
         result = json.loads(Path(args.out).read_text())
         result["cold_start_probe"] = {**cold_start_probe(args.steps), "command": info["command"], "date_utc": info["date_utc"]}
