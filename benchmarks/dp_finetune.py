@@ -47,7 +47,8 @@ Paper 1's directions, from the grid on the selection seeds (per-seed statistics,
 Why this size: one run costs ≈ E·N per-example gradients of a 2-layer width-32 Llama, ~30 ms per step
 (Opacus' hooks) and ~1 s (model, accountant, evaluation): ~2 s at E = 1 and ~5 s at E = 4 with
 N = 512 on one idle thread. 3 ε × 2 E × 20 cells × 3 selection seeds + 3 cells × 3 scoring seeds +
-the pilot is ~470 runs, ~1500 CPU-seconds: ~13 min on 2 idle processes. It was sized down twice
+the pilot is 468 runs, ~1500 CPU-seconds idle (estimate): ~13 min on 2 idle processes; measured 46 min
+at a load of 4–22 (benchmarks/results/dp_finetune.json: wall_s, run_wall_s_total). It was sized down twice
 (N = 2048, then 1024) because this shared machine ran it at a load of 12–30, i.e. ~10× slower than
 idle. The grid runs one selection seed at a time, each followed by the grid best's scoring runs, so a
 run cut short still gives every comparison (chosen on fewer seeds; the JSON lists the seeds used).
@@ -720,7 +721,12 @@ def directions(s: dict, plans: dict, grid: set, seeds_of) -> dict:
             a["relative_slope"] = t_interval(relative_slopes({b: per_b[b][1] for b in flat_b})).as_dict()
             a["verdict"] = verdict(a["relative_slope"]["lo"], a["relative_slope"]["hi"], inside=(-m, m))
         else:
-            a["verdict"], a["why"] = "inconclusive", f"σ√T within {s['tolerance']:.0%} of its minimum at B = {flat_b} only"
+            a["verdict"], a["why"] = (
+                "inconclusive",
+                f"σ√T within {s['tolerance']:.0%} of its minimum at B = {flat_b} only"
+                if len(flat_b) < 2
+                else f"{len(sel)} selection seed(s): no interval",
+            )
         out[f"a_plateau_at_tight_epsilon_{tag}"] = a
         per_b = _per_b(loose, ep, grid, seeds_of, sel)
         b_ = {"epsilon": loose, "epochs": ep, "batch_sizes": list(per_b), "claim_region": ["-inf", 0]}
