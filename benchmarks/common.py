@@ -142,10 +142,13 @@ class RunCache:
         describe: Callable[[dict], str] = key_str,
         initializer: Callable | None = None,
         initargs: tuple = (),
+        pool=None,
     ) -> dict[str, dict]:
         """The results of `keys`, by `key_str`: cached ones read from the file, the others trained by
         `train(key) -> {**key, figures}` in `procs` spawned processes, ordered by `first` (e.g. the
-        longest runs first, so no core idles at the end), each written to the file as it finishes."""
+        longest runs first, so no core idles at the end), each written to the file as it finishes.
+        `pool`: a process pool to reuse instead (a benchmark that trains in many small rounds: each new
+        pool costs tens of seconds of imports and corpus reading on a busy machine)."""
         if not keys:
             return {}
         fields = list(keys[0])
@@ -166,12 +169,18 @@ class RunCache:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
             cut = self._ends_mid_line()
-            with mp.get_context("spawn").Pool(procs, initializer, initargs) as pool, self.path.open("a") as f:
-                if cut:  # the line a kill cut short stays unreadable; the next run starts a line of its own
-                    f.write("\n")
-                for i, r in enumerate(pool.imap_unordered(train, todo), 1):
-                    f.write(json.dumps(r) + "\n")
-                    f.flush()
-                    done[key_str({k: r[k] for k in fields})] = r
-                    print(f"[{i}/{len(todo)} {time.perf_counter() - t0:6.0f}s] {describe(r)}", flush=True)
+            own = pool is None
+            pool = mp.get_context("spawn").Pool(procs, initializer, initargs) if own else pool
+            try:
+                with self.path.open("a") as f:
+                    if cut:  # the line a kill cut short stays unreadable; the next run starts a line of its own
+                        f.write("\n")
+                    for i, r in enumerate(pool.imap_unordered(train, todo), 1):
+                        f.write(json.dumps(r) + "\n")
+                        f.flush()
+                        done[key_str({k: r[k] for k in fields})] = r
+                        print(f"[{i}/{len(todo)} {time.perf_counter() - t0:6.0f}s] {describe(r)}", flush=True)
+            finally:
+                if own:  # as `with Pool(...)` does
+                    pool.terminate()
         return {key_str(k): done[key_str(k)] for k in keys}

@@ -743,6 +743,101 @@ def depth_regret_section(d: dict) -> str:
 SECTIONS["depth_regret"] = depth_regret_section
 
 
+# --- joint_regret (benchmarks/joint_regret.py): joint search vs LR grid vs SP tuned at the target ---
+
+
+def _pm(p: dict, fmt: str = "+.4f", scale: float = 1.0) -> str:
+    """mean [lo, hi] of a paired difference (× scale); a missing bound shows as —."""
+    f = lambda x: "—" if x is None else format(scale * x, fmt)
+    return f"{f(p['mean'])} [{f(p['ci'][0])}, {f(p['ci'][1])}]"
+
+
+def _per_width(c: dict | None) -> str:
+    return "—" if not c else "/".join(str(v) for v in c["trials"].values())
+
+
+def joint_regret_section(d: dict) -> str:
+    """Each plan's settings and target loss (95% t over seeds), the paired differences, and the
+    verdicts recomputed here from those intervals."""
+    from joint_regret import direction, verdicts
+
+    s = d["setting"]
+    rows = []
+    for n, t in d["targets"].items():
+        hp, m = t["hyperparameters"], t["mean"]
+        rows.append(
+            [
+                f"({n}) {t['name']}",
+                *[g(hp[k], ".4g") for k in ("lr", "output_mult", "init_std", "warmup_steps")],
+                "—" if not m else f"{m['mean']:.4f} [{g(m['lo'], '.4f')}, {g(m['hi'], '.4f')}]",
+                ", ".join(g(x, ".4f") for x in t["losses"]),
+            ]
+        )
+    cmp_rows = []
+    for k, p in d["paired"].items():
+        if not p:
+            continue
+        rel = k.startswith("regret")
+        cmp_rows.append(
+            [
+                "(b) − (d), relative: regret against a direct joint search" if rel else f"({k[0]}) − ({k[2]})",
+                _pm(p, "+.2f", 100.0) + " %" if rel else _pm(p),
+                p["n"],
+                direction(*p["ci"]),
+            ]
+        )
+    lad = d["ladders"]
+    comp = d.get("compute", {})
+    opt = (lad.get("joint") or {}).get("sweep", {}).get("optuna") or {}
+    fits = []
+    for w, hps in ((lad.get("joint") or {}).get("optimum_by_width") or {}).items():
+        first = next(iter(hps.values()), {})
+        fits.append(
+            f"width {w}: " + (f"fallback to the best point ({first['fallback']})" if first.get("fallback") else "joint fit")
+        )
+    parts = d.get("parts_done", {})
+    ds, dnote = d.get("direct_search") or {}, ""
+    if "d" not in d["targets"]:
+        done = len(ds.get("trials", []))
+        dnote = (
+            f" (d) not measured: {ds['left_out']}"
+            if ds.get("left_out")
+            else f" (d) not measured: {done} of {s['direct_trials']} direct-search trials done when the run stopped."
+        )
+    return (
+        f"\nllama, depth {s['depth']}, head size {s['head_dim']}, µP base width {s['ladder'][0]}; ladder widths {s['ladder']}, target "
+        f"width {s['target']}; {s['steps']} steps, batch {s['batch']} × seq {s['seq']}, weight decay {g(s['wd'])}. Ladder compute, "
+        f"trials per width {'/'.join(map(str, s['ladder']))}: (a) {_per_width(comp.get('grid'))} ({len(s['grid_lrs'])} LRs × {len(s['grid_seeds'])} seeds + "
+        f"{s['noise_seeds']} replicates), (b) {_per_width(comp.get('joint'))} (Optuna TPE, {opt.get('trials_per_width')} trials "
+        f"per width, budget_decay {opt.get('budget_decay', '—')}, warm start {opt.get('warm_start_points', '—')} points, "
+        f"{opt.get('max_concurrent')} at once, + {s['noise_seeds']} replicates), each trial {s['steps']} steps. (b)'s box: "
+        + ", ".join(f"{k} [{g(a)}, {g(b)}]" for k, (a, b) in s["box"].items())
+        + f". (c): SP LR grid at the target on seeds {s['select_seeds']}, best scored on others; (d): Optuna TPE at the target, "
+        f"{s['direct_trials']} trials on seed {s['direct_seed']}, its best scored. Every target run on seeds {s['score_seeds']}, "
+        "paired by seed. (b)'s plan: "
+        + ("; ".join(fits) or "—")
+        + "."
+        + dnote
+        + "\n\n"
+        + md_table(["plan", "lr", "output_mult", "init_std", "warmup_steps", "target loss [95% t]", "per seed"], rows)
+        + "\n\n"
+        + md_table(["paired difference (lower is better)", "mean [95% t]", "n", "verdict"], cmp_rows)
+        + "\n\nVerdicts, from the intervals:\n\n"
+        + "\n".join(f"- {k}: **{x}**" for k, x in verdicts(d["paired"]).items())
+        + (
+            ""
+            if d.get("complete")
+            else "\n\n**Incomplete** (`complete: false`): not yet run: "
+            + (", ".join(k for k, v in parts.items() if not v) or "some runs")
+            + "; rerun the command: the cache resumes it."
+        )
+        + "\n"
+    )
+
+
+SECTIONS["joint_regret"] = joint_regret_section
+
+
 def render() -> str:
     paths = sorted(RESULTS.glob("*.json"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else len(ORDER), p.stem))
     parts = [

@@ -34,6 +34,7 @@ def test_the_script_list_is_what_the_readme_expects():
         "quickstart",
         "make_benchmarks_md",
         "depth_regret",
+        "joint_regret",
     } <= set(SCRIPTS)
 
 
@@ -130,6 +131,35 @@ def test_run_cache_trains_each_missing_key_once_and_resumes_after_a_cut_line(tmp
     assert common.RunCache(path, train=False).run(keys, dict, procs=1) == res
     with pytest.raises(SystemExit, match=r'1 of 4 runs are not in the run cache .*"width": 64.*Drop --cached-only'):
         common.RunCache(path, train=False).run([*keys, {"width": 64, "seed": 0}], dict, procs=1)
+
+
+def test_run_cache_trains_in_a_pool_it_is_given_and_leaves_it_open(tmp_path):
+    # joint_regret.py trains in many two-run rounds: one pool for all of them, not one per round.
+    import multiprocessing as mp
+
+    path = tmp_path / "runs.jsonl"
+    with mp.get_context("spawn").Pool(1) as pool:
+        cache = common.RunCache(path)
+        a = cache.run([{"width": 8, "seed": 0}], dict, procs=1, pool=pool)
+        b = cache.run([{"width": 16, "seed": 0}], dict, procs=1, pool=pool)  # the same pool, still open
+        assert pool.apply(abs, (-3,)) == 3
+    assert cache.trained == 2 and len(a) == len(b) == 1
+    assert [json.loads(ln)["width"] for ln in path.read_text().splitlines()] == [8, 16]
+
+
+def test_joint_regret_reads_a_paired_difference_from_its_interval():
+    import joint_regret
+
+    assert joint_regret.direction(-0.3, -0.1) == "better"
+    assert joint_regret.direction(0.1, 0.3) == "worse"
+    assert joint_regret.direction(-0.1, 0.2) == "inconclusive"
+    assert joint_regret.direction(None, None) == "inconclusive"
+    # x − y by seed over the common seeds; relative: divided by y's mean there.
+    p = joint_regret.paired({0: 2.0, 1: 2.2, 2: 9.0}, {0: 2.1, 1: 2.4})
+    assert p["seeds"] == [0, 1] and p["mean"] == pytest.approx(-0.15) and p["verdict"] == "inconclusive"
+    r = joint_regret.paired({0: 2.2, 1: 2.2}, {0: 2.0, 1: 2.0}, relative=True)
+    assert r["per_seed"] == pytest.approx([0.1, 0.1])
+    assert joint_regret.paired({0: 1.0}, {0: 2.0}) is None  # one seed: no interval
 
 
 def test_run_cache_keys_ignore_fields_outside_the_key(tmp_path):
