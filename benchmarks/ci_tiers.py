@@ -32,7 +32,7 @@ def _git(*args: str) -> str:
 def run_tier(marker: str, workers: int, timeout_s: float) -> dict:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", marker, "--durations=15"]
     if workers:
-        cmd[4:4] = ["-n", str(workers), "--dist", "loadgroup"]
+        cmd[4:4] = ["-n", str(workers), "--dist", "loadfile"]
     samples: list[float] = []
     done = threading.Event()
 

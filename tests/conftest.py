@@ -8,6 +8,7 @@ is marked `slow` here, whatever its module says."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -91,21 +92,20 @@ def ray_local():
 SLOW_FIXTURES = {"ray_local", "mlflow_server", "hpt_run_study"}
 
 
-@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker, and before xdist reads the groups
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if SLOW_FIXTURES & fixtures and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
-        # Under `pytest -n 2 --dist loadgroup` (the README's command) a group runs on one worker:
-        # every reader of the session's one `hpt run` together (else each worker would make its
-        # own), and otherwise a module's tests together (they share module fixtures and caches).
-        if not item.get_closest_marker("xdist_group"):
-            group = "hpt_run_study" if "hpt_run_study" in fixtures else item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(group))
-    # The shared study's group is the longest (the `hpt run`, then everything that reads or resumes
-    # it): first in the queue, so that it is never what the other worker waits for at the end.
-    items.sort(key=lambda it: "hpt_run_study" not in getattr(it, "fixturenames", ()))
+    # Under `pytest -n 2 --dist loadfile` (the README's command) a module's tests run on one worker
+    # (module fixtures are made once); the session's `hpt run` is shared across workers by a file
+    # lock (hpt_run_study). One reader's module goes first, so the study is started at once while the
+    # other worker runs other modules; the other readers find it made.
+    # (`--dist loadgroup` would be the finer tool, but pytest-xdist 3.8 marks a group in
+    # `item._nodeid`, which pytest 9's `nodeid` no longer reads: every test becomes its own group.)
+    first = next((it.nodeid.split("::", 1)[0] for it in items if "hpt_run_study" in getattr(it, "fixturenames", ())), None)
+    items.sort(key=lambda it: it.nodeid.split("::", 1)[0] != first)
 
 
 # The shared study's large run: steps, and validation every EVAL_EVERY steps (so the console shows
@@ -133,25 +133,38 @@ def hpt_run_study(tmp_path_factory) -> dict:
     test_pipeline.py: a fresh process, its own local Ray, the coordinate check, a Tune sweep, the
     transfer, a 2-worker Ray Train + DeepSpeed run, MLflow on SQLite, the report. Several full runs
     were the suite's largest cost. Read only: a test that re-runs or edits the study copies it first
-    (`shutil.copytree`), so no test sees another's changes, in any order."""
-    root = tmp_path_factory.mktemp("hpt_run")
-    spec = root / "e2e.yaml"
-    spec.write_text(yaml.safe_dump(e2e_spec_dict()))
-    study = root / "study"
-    r = subprocess.run(
-        [sys.executable, "-m", "hptransfer", "run", str(spec), "--study-dir", str(study)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
-    return {
-        "spec": spec,
-        "dir": study,
-        "stdout": r.stdout,
-        "console": r.stdout + r.stderr,
-        "log": (study / "hpt.log").read_text(),
-    }
+    (`shutil.copytree`), so no test sees another's changes, in any order.
+
+    Under pytest-xdist each worker is its own session: the first worker to need the study makes it
+    in the run's shared base folder under a file lock, and the others wait for it and read it
+    (pytest-xdist's documented pattern), so the whole run makes it once."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by every worker of this run
+    root = base / "hpt_run_shared"
+    done = root / "result.json"
+    with FileLock(str(base / "hpt_run_shared.lock")):
+        if not done.is_file():
+            root.mkdir(exist_ok=True)
+            spec = root / "e2e.yaml"
+            spec.write_text(yaml.safe_dump(e2e_spec_dict()))
+            study = root / "study"
+            r = subprocess.run(
+                [sys.executable, "-m", "hptransfer", "run", str(spec), "--study-dir", str(study)],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+            out = {"spec": str(spec), "dir": str(study), "stdout": r.stdout, "console": r.stdout + r.stderr}
+            tmp = done.with_suffix(".tmp")
+            tmp.write_text(json.dumps(out))
+            os.replace(tmp, done)
+    out = json.loads(done.read_text())
+    study = Path(out["dir"])
+    return {**out, "spec": Path(out["spec"]), "dir": study, "log": (study / "hpt.log").read_text()}
 
 
 def start_mlflow_server(root: Path, port: int) -> subprocess.Popen:
