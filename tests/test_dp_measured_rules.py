@@ -240,11 +240,10 @@ def test_the_dp_sweep_table_feeds_the_plan():
 
 
 def test_the_noise_free_arm_is_the_same_run_without_noise():
-    import torch
 
-    from hptransfer.dp.lm_task import LMTask, run_dp_lm_finetune
+    from hptransfer.dp.lm_task import run_dp_lm_finetune
     from hptransfer.dp.sweep import sweep_points
-    from hptransfer.spec import ModelSpec, load_spec
+    from hptransfer.spec import load_spec
 
     spec = load_spec(ROOT / "tests" / "data" / "dp_from_scratch.yaml")
     pts = sweep_points(spec, [math.inf], 4096)  # no accountant: σ = 0
@@ -252,30 +251,21 @@ def test_the_noise_free_arm_is_the_same_run_without_noise():
     assert all(
         p["sigma"] == 0.0 and p["epsilon"] == math.inf and p["steps"] == math.ceil(4 * 4096 / p["batch_size"]) for p in pts
     )
-    seqs = torch.randint(0, 256, (64, 9), generator=torch.Generator().manual_seed(0))
-    task = LMTask(
-        model=ModelSpec(family="mlp", depth=1, seq_len=8, parametrization="mup"),
-        width=16,
-        base_width=16,
-        sequences=seqs,
-        val=[(seqs[:8, :-1], seqs[:8, 1:])],
-        fixed={"weight_decay": 0.0},
-    )
+    task = _tiny_lm_task()
     m = run_dp_lm_finetune(task, epsilon=math.inf, delta=1e-5, epochs=1, batch_size=16, clip=1.0, lr=0.01)
     assert m["sigma"] == 0.0 and m["dp/epsilon"] == math.inf and m["steps"] == 4
     assert m["val_loss"] < m["initial_val_loss"]  # it trains (on its own training sequences' first 8)
 
 
-def test_a_trial_uses_the_sigma_it_is_given_and_refuses_one_that_spends_more_than_epsilon():
+def _tiny_lm_task():
+    """64 random byte sequences for a width-16 µP byte MLP: a DP trial in a second."""
     import torch
 
-    from hptransfer.dp.accounting import noise_multiplier
-    from hptransfer.dp.lm_task import LMTask, run_dp_lm_finetune
-    from hptransfer.dp.train import PrivacyBudgetExceeded
+    from hptransfer.dp.lm_task import LMTask
     from hptransfer.spec import ModelSpec
 
     seqs = torch.randint(0, 256, (64, 9), generator=torch.Generator().manual_seed(0))
-    task = LMTask(
+    return LMTask(
         model=ModelSpec(family="mlp", depth=1, seq_len=8, parametrization="mup"),
         width=16,
         base_width=16,
@@ -283,6 +273,15 @@ def test_a_trial_uses_the_sigma_it_is_given_and_refuses_one_that_spends_more_tha
         val=[(seqs[:8, :-1], seqs[:8, 1:])],
         fixed={"weight_decay": 0.0},
     )
+
+
+def test_a_trial_uses_the_sigma_it_is_given_and_refuses_one_that_spends_more_than_epsilon():
+
+    from hptransfer.dp.accounting import noise_multiplier
+    from hptransfer.dp.lm_task import run_dp_lm_finetune
+    from hptransfer.dp.train import PrivacyBudgetExceeded
+
+    task = _tiny_lm_task()
     kw = {"epsilon": 4.0, "delta": 1e-4, "epochs": 1, "batch_size": 16, "clip": 1.0, "lr": 0.01, "accountant": "rdp"}
     own = noise_multiplier(4.0, 1e-4, 16 / 64, 4, "rdp")
     given = run_dp_lm_finetune(task, **kw, sigma=1.5 * own)  # more noise than needed: allowed, and used
