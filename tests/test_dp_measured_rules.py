@@ -64,7 +64,8 @@ def test_batch_rule_buys_steps_when_the_step_curve_demands_it_and_follows_sigma_
     assert noise_best == 512 and rule.choose_batch_size(rows, 0.05) == 512  # the σ√T rule: largest B, T = 32
     kappa = 5e4  # loss per ρ², ρ = σ√T/(E·N) ≈ 6e-4 here: penalties ≈ 0.01–0.02
     # Flat step curve (A = 0): only the noise term is left → exactly the σ√T minimum.
-    b, preds = rule.choose_batch_size_predicted(rows, _model(0.0, 1.0, kappa), E, N)
+    b, preds, why = rule.choose_batch_size_predicted(rows, _model(0.0, 1.0, kappa), E, N)
+    assert why["sigma_sqrt_t_choice"] == 512 and not why["moved"]
     assert b == noise_best
     assert [p["batch_size"] for p in preds] == [32, 64, 128, 256, 512]
     # A slow curve, A·T^-α = 0.05·T^-0.5: few steps cost little, so the σ√T choice stands. Worked out:
@@ -72,8 +73,8 @@ def test_batch_rule_buys_steps_when_the_step_curve_demands_it_and_follows_sigma_
     assert rule.choose_batch_size_predicted(rows, _model(0.05, 0.5, kappa), E, N)[0] == 512
     # A steep curve (the step-limited task, about the fit to dp_lm.json): T = 32 costs 8.5·32^-1.3 = 0.094,
     # T = 128 only 0.016: B=128 0.0155 + 0.0288 = 0.0443 beats B=512 0.0939 + 0.0191 = 0.1131.
-    b, preds = rule.choose_batch_size_predicted(rows, _model(8.5, 1.3, kappa), E, N)
-    assert b == 128
+    b, preds, why = rule.choose_batch_size_predicted(rows, _model(8.5, 1.3, kappa), E, N)
+    assert b == 128 and why["moved"] and why["predicted_gain"] == pytest.approx(0.1131 - 0.0443, abs=5e-4)
     p = {x["batch_size"]: x for x in preds}
     assert p[b]["predicted_loss"] == pytest.approx(p[b]["step_loss"] + p[b]["noise_penalty"])
     assert p[512]["step_loss"] > p[b]["step_loss"] and p[512]["noise_penalty"] < p[b]["noise_penalty"]
@@ -96,9 +97,38 @@ def test_fit_recovers_a_synthetic_law_and_the_plan_picks_by_it():
     m = fit_loss_model(pts)
     assert m.alpha == pytest.approx(1.3) and m.a == pytest.approx(8.5, rel=1e-6)
     assert m.kappa == pytest.approx(5e4, rel=1e-6) and m.l_inf == pytest.approx(2.8) and m.rmse < 1e-9
+    assert len(m.boot) > 90 and m.as_dict()["bootstrap_refits"] == len(m.boot)
+    # Exact data: every refit is the truth, so the steep curve's gain is certain and B moves to 128.
+    b, _, why = rule.choose_batch_size_predicted(_rows(), m, E, N)
+    assert b == 128 and why["moved"] and why["gain_interval"][0] > 0
     # Too little to identify a curve: a clear error saying what to add.
     with pytest.raises(ValueError, match="≥ 2 different step counts"):
         fit_loss_model([StepPoint(64, 0.0, 3.0)] * 3)
+
+
+def test_a_gain_inside_the_fit_noise_keeps_the_sigma_sqrt_t_choice():
+    """Cells of a mildly step-limited task measured with seed noise comparable to the gap between batch
+    sizes: the point fit prefers a smaller B, but its bootstrap interval of the gain straddles 0, so
+    the σ√T choice (B = 512) stands. The same curve measured without noise moves B down."""
+    rows = _rows()
+    truth = _model(0.2, 0.5, 5e4)  # B=128 truly 0.008 below B=512
+
+    def cells(noise: float) -> list[StepPoint]:
+        rng, out = np.random.default_rng(3), []
+        for scale in (1.0, 2.0, 4.0):
+            for r in rows:
+                rho = noise_ratio(scale * r.sigma, r.steps, E, N)
+                out.append(StepPoint(steps=r.steps, rho=rho, loss=truth.predict(r.steps, rho) + noise * rng.standard_normal()))
+        return out
+
+    exact = fit_loss_model(cells(0.0))
+    b_exact, _, why_exact = rule.choose_batch_size_predicted(rows, exact, E, N)
+    assert b_exact == 128 and why_exact["moved"] and why_exact["predicted_gain"] == pytest.approx(0.008, abs=5e-4)
+    noisy = fit_loss_model(cells(0.02))
+    b, _, why = rule.choose_batch_size_predicted(rows, noisy, E, N)
+    assert b == 512 and not why["moved"] and why["sigma_sqrt_t_choice"] == 512
+    if why["predicted_best"] != 512:  # the point fit moved; its interval did not clear 0
+        assert why["gain_interval"][0] <= 0 < why["gain_interval"][1]
 
 
 def test_step_points_and_lr_law_from_the_dp_sweep_table():
@@ -137,10 +167,13 @@ def test_step_points_and_lr_law_from_the_dp_sweep_table():
 def test_clip_moves_up_as_epsilon_falls_inside_the_measured_distribution():
     norms = np.random.default_rng(0).lognormal(mean=0.0, sigma=0.6, size=2000)
     cs = [rule.clip_from_norms(norms, e) for e in (16.0, 8.0, 2.0, 0.5, 0.1)]
-    assert cs[0] == cs[1] == pytest.approx(np.median(norms))  # at ε ≥ ε_ref: the median (q = 1/2)
+    assert cs[0] == cs[1] == pytest.approx(np.quantile(norms, 0.02))  # at ε ≥ ε_ref: the low tail (q = 0.02)
     assert all(a < b for a, b in itertools.pairwise(cs[1:]))  # strictly up as ε falls
-    assert cs[-1] <= norms.max()  # never past the distribution
-    assert rule.clip_quantile(0.5) == pytest.approx(1 - 0.5 * (0.5 / 8) ** 0.5)  # = 0.875
+    assert cs[-1] < np.median(norms)  # the odds of staying unclipped ×(8/0.1)^½ ≈ 9: p ≈ 0.16, still the low tail
+    # The odds form: p/(1−p) = q/(1−q)·(ε_ref/ε)^γ; with q = 1/2, at ε = 0.5 the odds are 4 → p = 0.8.
+    assert rule.clip_quantile(0.5) == pytest.approx(0.02 / 0.98 * 4 / (1 + 0.02 / 0.98 * 4))
+    assert rule.clip_quantile(0.5, quantile=0.5) == pytest.approx(0.8)
+    assert rule.clip_quantile(8.0, quantile=0.5) == pytest.approx(0.5) and 0 < rule.clip_quantile(1e-9) < 1
     assert rule.clip_from_norms(norms, 0.5, exponent=0.0) == pytest.approx(cs[1])  # γ = 0: no move
     # A narrow distribution barely moves C; a wide one moves it far.
     narrow = np.random.default_rng(1).lognormal(0.0, 0.05, 2000)
@@ -171,18 +204,22 @@ def test_plan_uses_the_measured_rules_and_says_when_it_cannot():
     plan = dp_plan_for(_cfg(), DPEvidence(loss_model=steep, source="synthetic"))
     assert plan.batch_rule == "predicted-loss" and plan.batch_size == 16
     assert len(plan.predictions) == 2 and plan.loss_model["alpha"] == 1.0
-    assert any("σ√T rule (batch_rule: noise) would choose" in n for n in plan.notes)
+    assert any("σ√T rule (batch_rule: noise, T ≥ min_steps=20) would choose" in n for n in plan.notes)
+    assert plan.batch_decision["moved"] and "taken as exact" in plan.batch_decision["why"]
     assert plan.epsilon_check <= 2.0 and plan.steps == 2 * 2048 // 16
     # No step curve: the σ√T rule, and the plan says why.
     fallback = dp_plan_for(_cfg())
     assert fallback.batch_rule == "noise" and any("fell back to the σ√T rule" in n for n in fallback.notes)
     assert dp_plan_for(_cfg(batch_rule="noise"), DPEvidence(loss_model=steep)).batch_size == fallback.batch_size
-    # Measured norms: C is their quantile, above the median at ε = 2 < 8, with the diagnostic.
+    # Measured norms: C is their quantile (q = 1/2 here: the median at ε ≥ 8), above the median at
+    # ε = 2 < 8 (odds ×2: p = 2/3), with the diagnostic.
     norms = list(np.random.default_rng(0).lognormal(0.0, 0.6, 400))
     labels = ["a"] * 200 + ["b"] * 200
-    p = dp_plan_for(_cfg(), DPEvidence(grad_norms=norms, grad_labels=labels, lr_law=(0.5, 0.01, 64)))
+    p = dp_plan_for(_cfg(clip_quantile=0.5), DPEvidence(grad_norms=norms, grad_labels=labels, lr_law=(0.5, 0.01, 64)))
     assert p.clip_from == "measured norms" and p.clip > np.median(norms)
-    assert p.clip_quantile == pytest.approx(0.75) and p.clipped_fraction == pytest.approx(0.25, abs=0.01)
+    assert p.clip_quantile == pytest.approx(2 / 3) and p.clipped_fraction == pytest.approx(1 / 3, abs=0.01)
+    low = dp_plan_for(_cfg(), DPEvidence(grad_norms=norms))  # the default q: the low tail
+    assert low.clip < np.quantile(norms, 0.1) and low.clipped_fraction > 0.9
     assert set(p.clip_reweighting) == {"a", "b"} and all(0 < w <= 1 for w in p.clip_reweighting.values())
     assert p.lr_law["lr_at_b"] == pytest.approx(0.01 * (p.batch_size / 64) ** 0.5)
     assert dp_plan_for(_cfg()).clip == 1.0 and dp_plan_for(_cfg()).clip_from == "clip_reference"

@@ -49,12 +49,14 @@ class DPConfig(BaseModel):
         ),
     )
     clip_quantile: float = Field(
-        0.5,
+        0.02,
         gt=0,
         lt=1,
         description=(
-            "q: with measured per-example gradient norms, C is their p(ε)-quantile, p(ε) = 1 − (1 − q)·"
-            "min(1, ε/clip_shift_reference_epsilon)^clip_shift_exponent, so C moves up as ε falls (rule.clip_quantile)."
+            "q: with measured per-example gradient norms, C is their p(ε)-quantile, the odds p/(1−p) = q/(1−q)·"
+            "max(1, clip_shift_reference_epsilon/ε)^clip_shift_exponent: the low tail (nearly every example clipped, "
+            "which maximizes each example's signal against the noise) at ε ≥ the reference, moving up as ε falls "
+            "(rule.clip_quantile). 0.5 puts C at the median there."
         ),
     )
     accountant: Literal["prv", "rdp"] = Field(

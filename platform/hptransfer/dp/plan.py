@@ -74,6 +74,13 @@ class DPPlan(BaseModel):
         default_factory=list,
         description="batch_rule predicted-loss: per candidate B, step_loss + noise_penalty = predicted_loss.",
     )
+    batch_decision: dict | None = Field(
+        None,
+        description=(
+            "batch_rule predicted-loss: the σ√T choice (no step floor), the predicted best, the predicted gain and "
+            "its bootstrap interval, and whether B moved (rule.choose_batch_size_predicted)."
+        ),
+    )
     loss_model: dict | None = Field(None, description="The fitted L(T, ρ) (dp.steps.LossModel.as_dict); null: none.")
     lr_law: dict | None = Field(None, description="Measured η*(B) = lr_ref·(B/batch_ref)^beta; null: not measured.")
     clip_from: str = Field(
@@ -127,8 +134,9 @@ def dp_plan_for(config: DPConfig, evidence: DPEvidence | None = None) -> DPPlan:
     if not any(r.feasible for r in rows) and not (predicted and any(r.sigma is not None for r in rows)):
         raise DPPlanError(_why_infeasible(config, rows))
     preds: list[dict] = []
+    decision: dict = {}
     if predicted:
-        b, preds = rule.choose_batch_size_predicted(rows, ev.loss_model, config.epochs, n)
+        b, preds, decision = rule.choose_batch_size_predicted(rows, ev.loss_model, config.epochs, n, config.tolerance)
     else:
         b = rule.choose_batch_size(rows, config.tolerance)
     row = next(r for r in rows if r.batch_size == b)
@@ -155,8 +163,12 @@ def dp_plan_for(config: DPConfig, evidence: DPEvidence | None = None) -> DPPlan:
             f"{p['noise_penalty']:.4g} = {p['predicted_loss']:.4g}"
             + (" (T outside the measured range)" if p["extrapolated"] else "")
         )
+        notes.append(decision["why"])
         noise_b = rule.choose_batch_size(rows, config.tolerance) if any(r.feasible for r in rows) else None
-        notes.append(f"the σ√T rule (batch_rule: noise) would choose B={noise_b}; min σ√T = {best:.3g}")
+        notes.append(
+            f"the σ√T rule (batch_rule: noise, T ≥ min_steps={config.min_steps}) would choose B={noise_b}; "
+            f"without the floor B={decision['sigma_sqrt_t_choice']}; min σ√T = {best:.3g}"
+        )
     else:
         if config.batch_rule == "predicted-loss":
             notes.append(
@@ -206,6 +218,7 @@ def dp_plan_for(config: DPConfig, evidence: DPEvidence | None = None) -> DPPlan:
         notes=notes,
         batch_rule="predicted-loss" if predicted else "noise",
         predictions=preds,
+        batch_decision=decision if predicted else None,
         loss_model=ev.loss_model.as_dict() if predicted else None,
         lr_law=lr_law,
         clip_from=clip_from,
