@@ -104,8 +104,29 @@ def pytest_collection_modifyitems(config, items):
     # other worker runs other modules; the other readers find it made.
     # (`--dist loadgroup` would be the finer tool, but pytest-xdist 3.8 marks a group in
     # `item._nodeid`, which pytest 9's `nodeid` no longer reads: every test becomes its own group.)
+    # Then the longest modules first (longest-processing-time order: xdist hands out modules in this
+    # order, so no long module starts last while the other worker idles).
     first = next((it.nodeid.split("::", 1)[0] for it in items if "hpt_run_study" in getattr(it, "fixturenames", ())), None)
-    items.sort(key=lambda it: it.nodeid.split("::", 1)[0] != first)
+    items.sort(key=lambda it: (it.nodeid.split("::", 1)[0] != first, -MODULE_SECONDS.get(it.nodeid.split("::", 1)[0], 0)))
+
+
+# Slow-tier seconds per module (pytest --durations, 2 xdist workers, 2026-12-05; approximate, only
+# the order matters). A module not listed sorts after these, in collection order.
+MODULE_SECONDS = {
+    "tests/test_train.py": 300,
+    "tests/test_faults_run.py": 250,
+    "tests/test_launchers.py": 190,
+    "tests/test_study.py": 175,
+    "tests/test_dp_large_run.py": 165,
+    "tests/test_sweep_resume.py": 110,
+    "tests/test_dp_finetune.py": 110,
+    "tests/test_axes_run.py": 95,
+    "tests/test_data_files.py": 90,
+    "tests/test_dp_sweep.py": 40,
+    "tests/test_calibration.py": 30,
+    "tests/test_sweep_search.py": 30,
+    "tests/test_sweep.py": 30,
+}
 
 
 # The shared study's large run: steps, and validation every EVAL_EVERY steps (so the console shows

@@ -25,9 +25,13 @@ from conftest import free_port, start_mlflow_server, stop_process
 pytestmark = pytest.mark.slow
 
 
-def _wait_for(predicate, what: str, timeout: float = 300) -> None:
+def _wait_for(predicate, what: str, timeout: float = 300, proc: subprocess.Popen | None = None) -> None:
+    """Poll `predicate`; fail at the deadline, or at once (with its output) when `proc` has exited."""
     deadline = time.time() + timeout
     while not predicate():
+        if proc is not None and proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise AssertionError(f"the process exited ({proc.returncode}) before {what}:\n{out[-4000:]}")
         if time.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
@@ -72,7 +76,7 @@ def test_preempted_killed_torn_and_untracked_large_run_ends_where_an_uninterrupt
         # 1. Preemption: SIGTERM to the driver once its workers run. They stop at the next step
         #    boundary with a checkpoint; exit 75; the MLflow run is KILLED, tagged with the step.
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        _wait_for(lambda: (train / "pids" / "rank0").exists(), "the workers of run 1")
+        _wait_for(lambda: (train / "pids" / "rank0").exists(), "the workers of run 1", proc=p)
         p.send_signal(signal.SIGTERM)
         t = time.time()
         out1, _ = p.communicate(timeout=300)
@@ -94,7 +98,9 @@ def test_preempted_killed_torn_and_untracked_large_run_ends_where_an_uninterrupt
             [*cmd, "--resume"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
         t = time.time()
-        _wait_for(lambda: _json(train / "progress.json").get("checkpoint_step", 0) >= stopped["step"] + 2, "run 2's checkpoints")
+        _wait_for(
+            lambda: _json(train / "progress.json").get("checkpoint_step", 0) >= stopped["step"] + 2, "run 2's checkpoints", proc=p
+        )
         figures["resume_to_second_checkpoint_s"] = round(time.time() - t, 1)
         os.killpg(p.pid, signal.SIGKILL)
         p.communicate()
