@@ -83,10 +83,9 @@ def test_progress_json_and_status_of_the_finished_study(study):
     assert st["mlflow"]["tracking_uri"] == f"sqlite:///{study['dir'] / 'mlflow.db'}"
 
 
-# `--verbose` brings the noise back: checked on the re-run that test_launchers.py's
-# test_local_launcher_runs_hpt_run makes of a copy of the shared study through launchers/local.py
-# --verbose (one resume for both; each costs ~50 s of start-up). What it finds there:
-VERBOSE_NOISE = ("TrainingReport(", "deepspeed_shm_comm_op built", "(RayTrainWorker pid=")
+# `--verbose` brings the noise back: end to end, Ray's driver lines on test_launchers.py's
+# `hpt --verbose run` through launchers/local.py, Ray Train's workers' lines on test_dp_finetune.py's;
+# the routing of each kind of line (DeepSpeed's included) is tested below, fast.
 
 
 # --- the pieces, fast -----------------------------------------------------------------------------

@@ -86,8 +86,8 @@ def test_hpt_dp_sweep_on_a_pretrain_spec_says_to_use_hpt_run(tmp_path):
 
 @pytest.mark.slow
 def test_hpt_run_pretrains_then_fine_tunes_privately_from_its_own_handoff(hpt_run_study, tmp_path):
-    """The session's e2e study is the pretraining (sweep → plan → large run, reused: a re-run resumes
-    it); the same `hpt run` with the dp block then runs the DP sweeps at widths 32 (a model pretrained
+    """The session's e2e study is the pretraining (sweep → plan → large run, reused: a re-run keeps
+    it); the same `hpt --verbose run` with the dp block then runs the DP sweeps at widths 32 (a model pretrained
     there by the pretraining plan) and 64 (the large run's handoff), the across-width check, the
     private plan and the private large run."""
     study = tmp_path / "study"
@@ -96,13 +96,19 @@ def test_hpt_run_pretrains_then_fine_tunes_privately_from_its_own_handoff(hpt_ru
     spec = tmp_path / "ft.yaml"
     spec.write_text(yaml.safe_dump(finetune_spec_dict()))
     r = subprocess.run(
-        [sys.executable, "-m", "hptransfer", "run", str(spec), "--study-dir", str(study), "--skip-coord-check"],
+        [sys.executable, "-m", "hptransfer", "--verbose", "run", str(spec), "--study-dir", str(study), "--skip-coord-check"],
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
     assert (study / "sweep_results.csv").read_bytes() == before  # the pretraining sweep resumed, not redone
+    assert "large run: already finished for this plan" in r.stdout  # the pretraining run kept, not relaunched
+    # --verbose: the private run's Ray Train workers' output on the console, as plain text
+    console = r.stdout + r.stderr
+    for noise in ("TrainingReport(", "(RayTrainWorker pid="):
+        assert noise in console, f"{noise!r} not on the console under --verbose:\n{console[-3000:]}"
+    assert "\x1b[" not in console
     handoff = study / "train" / "hf_model"
     # The DP sweeps: every trial of a width starts from that width's pretrained model, within ε.
     for w in (32, 64):

@@ -61,33 +61,24 @@ def test_local_launcher_dry_run_prints_the_hpt_run_it_would_make() -> None:
 @pytest.mark.slow
 def test_local_launcher_runs_hpt_run(hpt_run_study: dict, tmp_path: Path) -> None:
     """The launcher itself, no dry run, cheaply: on a copy of the session's finished study, the
-    `hpt --verbose run` it makes in its own process resumes every stage (the sweep keeps its trials,
-    the large run finds its last checkpoint) and writes the report again. The same re-run is
-    test_console's check that `--verbose` brings the library output back to the console: one
-    resume for both (each pays ~50 s of Ray and DeepSpeed start-up)."""
-    from test_console import STEPS, VERBOSE_NOISE
-
+    `hpt --verbose run` it makes in its own process resumes every stage — the sweep keeps its trials,
+    the finished large run is kept as it is (no Ray Train or DeepSpeed start) — and writes the
+    report again. `--verbose` brings Ray's own output to the console (test_dp_finetune checks Ray
+    Train's workers' lines under --verbose)."""
     study = shutil.copytree(hpt_run_study["dir"], tmp_path / "study")  # the shared study stays as it is
     report, metrics = study / "report" / "index.html", study / "train" / "train_metrics.json"
     report.unlink()
+    before_bytes = metrics.read_bytes()
     r = run_launcher("local.py", str(hpt_run_study["spec"]), "--study-dir", str(study), "--verbose", timeout=600)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert "hpt " + shlex.join(["--verbose", "run", str(hpt_run_study["spec"]), "--study-dir", str(study)]) in r.stderr
     assert "[sweep] 6/6 trials kept from the earlier run: nothing left to train" in r.stdout, r.stdout[-3000:]
+    assert "large run: already finished for this plan" in r.stdout, r.stdout[-3000:]
     assert "study done" in r.stdout and report.stat().st_size > 1000
-    # The large run was finished: resumed at its last step, with the same final losses, not trained again.
-    before = json.loads((hpt_run_study["dir"] / "train" / "train_metrics.json").read_text())["final"]
-    after = json.loads(metrics.read_text())["final"]
-    assert after["resumed_from_step"] == before["step"] == after["step"] == STEPS, (before, after)
-    assert {k: after[k] for k in ("train_loss", "val_loss", "status")} == {
-        k: before[k] for k in ("train_loss", "val_loss", "status")
-    }
-    assert after["status"] == "ok" and "val_loss" in after
-    # --verbose: Ray's, Ray Train's and DeepSpeed's output on the console, as plain text
+    assert metrics.read_bytes() == before_bytes  # the finished run's record untouched
+    # --verbose: Ray's own driver output on the console, as plain text
     console = r.stdout + r.stderr
-    for noise in VERBOSE_NOISE:
-        assert noise in console, f"{noise!r} not on the console under --verbose:\n{console[-3000:]}"
-    assert f"resumed from the checkpoint at step {STEPS}/{STEPS}" in console  # rank 0's line, via progress.log
+    assert "Started a local Ray instance" in console, console[-3000:]
     assert "\x1b[" not in console
 
 
@@ -481,7 +472,6 @@ def test_a_lost_worker_node_stops_the_large_run_with_the_line_that_continues_it(
     mid-run. Ray Train cannot place 2 workers on what is left: the run stops after
     runner.placement_tries (not hang, as Ray Train V2's unbounded retries did), naming what it needs,
     exit 75. Runs last in this module: the cluster has one node afterwards."""
-    import json
 
     from hptransfer.plan import TargetShape, TransferPlan, save_plan
     from hptransfer.spec import parse_spec

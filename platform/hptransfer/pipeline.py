@@ -297,11 +297,10 @@ def run_study(
             + "".join(f"\n  warning: {w}" for w in plan.diagnostics.warnings)
         )
         t = time.time()
-        # A re-run continues an interrupted large run (or finds it finished: Ray Train restores its last
-        # checkpoint) instead of refusing. A fine-tuning study's re-run, there for its private part,
-        # does not relaunch a pretraining run that finished this very plan.
+        # A re-run continues an interrupted large run instead of refusing, and keeps one that finished
+        # this very plan (status ok, handed off) without starting Ray Train and DeepSpeed again.
         finetunes = spec.dp is not None and spec.dp.finetunes_pretrained
-        metrics = finished_run(study, plan) if finetunes and not restart_train else None
+        metrics = finished_run(study, plan) if not restart_train else None
         if metrics is not None:
             log(f"large run: already finished for this plan ({study.paths.train.metrics})")
         else:
