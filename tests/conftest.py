@@ -76,8 +76,9 @@ def ray_local():
     """One local Ray for every test that needs it (start-up costs seconds and ~1 GB)."""
     import ray
 
-    ray.init(
-        address="local",  # never a `ray start` cluster another test (or xdist worker) has up
+    from hptransfer.context import start_local_ray  # retries a start-up timeout on a busy machine
+
+    start_local_ray(  # address="local": never a `ray start` cluster another test (or xdist worker) has up
         num_cpus=2,
         include_dashboard=False,
         object_store_memory=256 * 1024 * 1024,
@@ -98,16 +99,27 @@ def pytest_collection_modifyitems(config, items):
         fixtures = set(getattr(item, "fixturenames", ()))
         if SLOW_FIXTURES & fixtures and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+
     # Under `pytest -n 2 --dist loadfile` (the README's command) a module's tests run on one worker
     # (module fixtures are made once); the session's `hpt run` is shared across workers by a file
-    # lock (hpt_run_study). One reader's module goes first, so the study is started at once while the
-    # other worker runs other modules; the other readers find it made.
+    # lock (hpt_run_study). The longest reader's module goes first, so the study is started at once
+    # while the other worker runs other modules; the other readers find it made.
     # (`--dist loadgroup` would be the finer tool, but pytest-xdist 3.8 marks a group in
     # `item._nodeid`, which pytest 9's `nodeid` no longer reads: every test becomes its own group.)
     # Then the longest modules first (longest-processing-time order: xdist hands out modules in this
-    # order, so no long module starts last while the other worker idles).
-    first = next((it.nodeid.split("::", 1)[0] for it in items if "hpt_run_study" in getattr(it, "fixturenames", ())), None)
-    items.sort(key=lambda it: (it.nodeid.split("::", 1)[0] != first, -MODULE_SECONDS.get(it.nodeid.split("::", 1)[0], 0)))
+    # order — with --no-loadscope-reorder, set in pyproject.toml — so no long module starts last while
+    # the other worker idles), except that the other worker's first module does not need the study
+    # (it would only wait for it).
+    def module(it) -> str:
+        return it.nodeid.split("::", 1)[0]
+
+    readers = {module(it) for it in items if "hpt_run_study" in getattr(it, "fixturenames", ())}
+    first = max(sorted(readers), key=lambda m: MODULE_SECONDS.get(m, 0), default=None)  # the longest reader
+    rest = sorted({module(it) for it in items} - {first}, key=lambda m: -MODULE_SECONDS.get(m, 0))
+    second = next((m for m in rest if m not in readers), None)
+    order = [m for m in (first, second) if m] + [m for m in rest if m != second]
+    rank = {m: i for i, m in enumerate(order)}
+    items.sort(key=lambda it: rank[module(it)])
 
 
 # Slow-tier seconds per module (pytest --durations, 2 xdist workers, 2026-12-05; approximate, only
@@ -115,7 +127,7 @@ def pytest_collection_modifyitems(config, items):
 MODULE_SECONDS = {
     "tests/test_train.py": 300,
     "tests/test_faults_run.py": 250,
-    "tests/test_launchers.py": 190,
+    "tests/test_launchers.py": 150,
     "tests/test_study.py": 175,
     "tests/test_dp_large_run.py": 165,
     "tests/test_sweep_resume.py": 110,

@@ -50,8 +50,9 @@ def run_train(plan: TransferPlan, root: Path, **kw) -> dict:
 
 
 def _kill_rank1_at_checkpoints(root: Path, killed: list, times: int) -> None:
-    """SIGKILL rank 1 `times` times: each time once a checkpoint newer than the last kill's is on disk
-    and registered, and rank 1 is a new process (the group Ray Train restarted)."""
+    """SIGKILL rank 1 `times` times: first once a checkpoint is on disk and registered; then each
+    time once rank 1 is a new process (the group Ray Train restarted) whose rank 0 has logged its
+    resume (so the restart is seen to restore, not killed while it starts) and saved a newer one."""
     out = root / "train"
     progress, snapshot = out / "progress.json", out / "ray_results" / "train" / "checkpoint_manager_snapshot.json"
     last_pid, last_step = None, 0
@@ -63,9 +64,10 @@ def _kill_rank1_at_checkpoints(root: Path, killed: list, times: int) -> None:
             registered = "checkpoint_" in snapshot.read_text()
             step = json.loads(progress.read_text()).get("checkpoint_step", 0)
             pid = int((out / "pids" / "rank1").read_text())
+            resumed = (out / "progress.log").read_text().count("train: resumed from the checkpoint at step")
         except (OSError, ValueError):
             registered = False
-        if registered and step > last_step and pid != last_pid:
+        if registered and step > last_step and pid != last_pid and resumed >= len(killed):
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
             last_pid, last_step = pid, step

@@ -171,8 +171,7 @@ class StudyContext:
         else:
             # Explicit sizes: Ray's defaults take 30% of RAM for the object store and every core.
             # address="local": always a fresh embedded cluster, never a stray `ray start` one.
-            ray.init(
-                address="local",
+            start_local_ray(
                 num_cpus=self.ray.num_cpus or os.cpu_count(),
                 include_dashboard=False,
                 object_store_memory=self.ray.object_store_mb * 1024 * 1024,
@@ -190,3 +189,28 @@ class StudyContext:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, root={str(self.root)!r}, tracking_uri={self.tracking_uri!r})"
+
+
+RAY_START_TRIES = 3
+
+
+def start_local_ray(**kwargs) -> None:
+    """`ray.init(address="local", **kwargs)`, tried up to RAY_START_TRIES times when the new node
+    times out during start-up. Ray waits a fixed 30 s for its raylet to register with the GCS
+    (ray/_private/node.py); on a busy machine (2 cores, other jobs) it can take longer, and the
+    whole run would fail on a transient. Any other error is raised at once."""
+    import logging
+
+    import ray
+
+    for attempt in range(1, RAY_START_TRIES + 1):
+        try:
+            ray.init(address="local", **kwargs)
+            return
+        except Exception as e:
+            if attempt == RAY_START_TRIES or "timed out during startup" not in str(e):
+                raise
+            logging.getLogger(__name__).warning(
+                "Ray's local node did not start within Ray's 30 s (a busy machine?): try %d of %d", attempt + 1, RAY_START_TRIES
+            )
+            ray.shutdown()
