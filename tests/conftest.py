@@ -115,7 +115,9 @@ def pytest_collection_modifyitems(config, items):
 
     readers = {module(it) for it in items if "hpt_run_study" in getattr(it, "fixturenames", ())}
     first = max(sorted(readers), key=lambda m: MODULE_SECONDS.get(m, 0), default=None)  # the longest reader
-    rest = sorted({module(it) for it in items} - {first}, key=lambda m: -MODULE_SECONDS.get(m, 0))
+    # (Deterministic: every xdist worker must collect the same order. Ties keep collection order.)
+    modules = [m for m in dict.fromkeys(module(it) for it in items) if m != first]
+    rest = sorted(modules, key=lambda m: -MODULE_SECONDS.get(m, 0))
     second = next((m for m in rest if m not in readers), None)
     order = [m for m in (first, second) if m] + [m for m in rest if m != second]
     rank = {m: i for i, m in enumerate(order)}
