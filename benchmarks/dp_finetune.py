@@ -271,23 +271,6 @@ def _sigma(epsilon, delta, q, steps, accountant) -> float:
 _W: dict = {}
 
 
-def use_sigmas(sigmas: dict[str, float]) -> None:
-    """The driver's plans (`dp_plan_for` → `accounting.noise_table`) read σ from the table of the
-    very same function's values (same arguments), so the PRV search is not repeated in the driver
-    on every (re)run; arguments not in the table are computed as before. A memo of a pure function:
-    no behaviour changes. (Trials get theirs through `run_dp_lm_finetune(sigma=)`.)"""
-    from hptransfer.dp import accounting
-
-    compute = getattr(accounting.noise_multiplier, "compute", accounting.noise_multiplier)
-
-    def noise_multiplier(epsilon, delta, sample_rate, steps, accountant="prv", epsilon_tolerance=0.01):
-        hit = sigmas.get(sigma_key(epsilon, delta, sample_rate, steps, accountant)) if epsilon_tolerance == 0.01 else None
-        return hit if hit is not None else compute(epsilon, delta, sample_rate, steps, accountant, epsilon_tolerance)
-
-    noise_multiplier.compute = compute
-    accounting.noise_multiplier = noise_multiplier
-
-
 def _init(spec: dict, sigmas: dict[str, float]) -> None:
     import torch
 
@@ -486,7 +469,6 @@ def main(argv: list[str] | None = None) -> dict:
     median = _c(float(np.median(norms)))
     print(f"per-example gradient norms of the pretrained model on {len(norms)} held-out prose sequences: median {median}")
     sigmas = sigma_table(s, args.work, args.procs)
-    use_sigmas(sigmas)  # the plans' σ√T tables (trials get σ as an argument)
     run = Runner(RunCache(args.cache), spec, sigmas, args.procs, args.cached_only)
     key = lambda *a: run_key(s, pre, *a)
 
@@ -516,7 +498,10 @@ def main(argv: list[str] | None = None) -> dict:
         ev = DPEvidence(loss_model=ev.loss_model, lr_law=ev.lr_law, grad_norms=norms, source=ev.source + " (pilot seeds)")
         evidence[ep] = {"loss_model": ev.loss_model.as_dict() if ev.loss_model else None, "source": ev.source}
         for e in s["epsilons"]:
-            plans[(e, ep)] = dp_plan_for(dp_config(s, e, ep, median, lr_ref), ev)
+            # the plan's σ√T table reads σ from the benchmark's table (the same accountant call, kept
+            # between runs: the PRV search takes 2–17 s); trials get σ as an argument
+            known = lambda q, t, e=e: sigmas.get(sigma_key(e, s["delta"], q, t, s["accountant"]))
+            plans[(e, ep)] = dp_plan_for(dp_config(s, e, ep, median, lr_ref), ev, sigma_of=known)
 
     # 3. plan and default on the scoring seeds; then one selection seed at a time: the grid on it, and
     #    the grid best chosen on the selection seeds so far run on the scoring seeds (so a run cut

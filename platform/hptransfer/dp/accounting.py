@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict
@@ -93,11 +94,15 @@ def noise_row(
     min_steps: int,
     accountant: str = "prv",
     epsilon_tolerance: float = 0.01,
+    sigma_of: Callable[[float, int], float | None] | None = None,
 ) -> NoiseRow:
+    """σ, T and σ√T at one B; `sigma_of(q, T)` may give σ already computed for these (ε, δ, accountant)
+    (a table kept between runs), else (None) it is computed."""
     q = batch_size / dataset_size
     t = steps_for(dataset_size, epochs, batch_size)
     try:
-        s = noise_multiplier(epsilon, delta, q, t, accountant, epsilon_tolerance)
+        known = sigma_of(q, t) if sigma_of is not None else None
+        s = known if known is not None else noise_multiplier(epsilon, delta, q, t, accountant, epsilon_tolerance)
     except ValueError:
         return NoiseRow(
             batch_size=batch_size,
@@ -131,9 +136,10 @@ def noise_table(
     min_steps: int = 20,
     accountant: str = "prv",
     epsilon_tolerance: float = 0.01,
+    sigma_of: Callable[[float, int], float | None] | None = None,
 ) -> list[NoiseRow]:
-    """The σ√T table over `batch_sizes` (sorted ascending)."""
+    """The σ√T table over `batch_sizes` (sorted ascending); `sigma_of` as in `noise_row`."""
     return [
-        noise_row(epsilon, delta, dataset_size, epochs, b, min_steps, accountant, epsilon_tolerance)
+        noise_row(epsilon, delta, dataset_size, epochs, b, min_steps, accountant, epsilon_tolerance, sigma_of)
         for b in sorted(set(batch_sizes))
     ]

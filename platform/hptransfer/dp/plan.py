@@ -6,7 +6,7 @@ table so a reader can see why B was chosen.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -115,9 +115,13 @@ def evidence_from_sweep(df, config: DPConfig, metric: str = "val_loss") -> DPEvi
     )
 
 
-def dp_plan_for(config: DPConfig, evidence: DPEvidence | None = None) -> DPPlan:
+def dp_plan_for(
+    config: DPConfig, evidence: DPEvidence | None = None, sigma_of: Callable[[float, int], float | None] | None = None
+) -> DPPlan:
     """Apply the DP rules to `config` (dataset_size must be set), using `evidence` where the rule is a
-    measured one. Raises DPPlanError if no batch size is feasible, listing why for each kind of failure."""
+    measured one. `sigma_of(q, T)` may supply σ already computed for the config's (ε, δ, accountant)
+    (e.g. a table kept between runs; `accounting.noise_row`); the plan's ε is still checked by the
+    accountant. Raises DPPlanError if no batch size is feasible, listing why for each kind of failure."""
     ev = evidence or DPEvidence()
     n = config.require_dataset_size()
     rows = noise_table(
@@ -129,6 +133,7 @@ def dp_plan_for(config: DPConfig, evidence: DPEvidence | None = None) -> DPPlan:
         config.min_steps,
         config.accountant,
         config.epsilon_tolerance,
+        sigma_of,
     )
     predicted = config.batch_rule == "predicted-loss" and ev.loss_model is not None
     if not any(r.feasible for r in rows) and not (predicted and any(r.sigma is not None for r in rows)):
