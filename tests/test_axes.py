@@ -221,3 +221,18 @@ def test_an_axis_law_too_uncertain_at_the_target_is_bounded_toward_the_prior():
         "steps", [50, 100, 200], [math.log(0.05 * (v / 100) ** -0.5) for v in (50, 100, 200)], [0.05] * 3, [None] * 3, 100, 400
     )
     assert "bounded" not in tight and tight["factor"] == pytest.approx(0.5)
+
+
+def test_hpt_run_until_names_the_stages_it_can_stop_after(tmp_path):
+    """`hpt run --until transfer` stops after the plan (tests/test_axes_run.py runs it end to end);
+    anything else is refused before any work, naming the flag and the choices."""
+    import pathlib
+
+    from hptransfer.pipeline import run_study
+
+    spec = pathlib.Path(__file__).parents[1] / "search_spaces" / "quickstart.yaml"
+    r = CliRunner().invoke(app, ["run", str(spec), "--study-dir", str(tmp_path / "s"), "--until", "plan"])
+    assert r.exit_code == 2 and "--until 'plan'" in r.output and "use --until transfer" in r.output, r.output
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(ValueError, match="until='sweep'"):
+        run_study(None, until="sweep")

@@ -28,7 +28,20 @@ def test_hpt_run_with_axes_end_to_end(tmp_path):
     spec.write_text(yaml.safe_dump(d))
     study = tmp_path / "study"
     r = subprocess.run(
-        [sys.executable, "-m", "hptransfer", "run", str(spec), "--study-dir", str(study), "--skip-coord-check"],
+        # --until transfer: this test is about the sweep's arms, the laws and the plan; the large run
+        # of a plan is tested elsewhere (test_pipeline, test_train), and cost ~40 s here
+        [
+            sys.executable,
+            "-m",
+            "hptransfer",
+            "run",
+            str(spec),
+            "--study-dir",
+            str(study),
+            "--skip-coord-check",
+            "--until",
+            "transfer",
+        ],
         capture_output=True,
         text=True,
         timeout=900,
@@ -50,5 +63,6 @@ def test_hpt_run_with_axes_end_to_end(tmp_path):
     assert laws["depth"]["values"] == [2, 3] and laws["depth"]["verdict"] == "undecided"
     assert (plan.model.depth, plan.model.base_depth) == (4, 2)
     assert any("deeper than every depth the ladder ran (max 3)" in w for w in plan.diagnostics.warnings)
+    assert "stopped after the plan (--until transfer)" in r.stdout and not (study / "train" / "train_metrics.json").exists()
     report = (study / "report" / "index.html").read_text()
     assert "Optimum against steps, batch size and depth" in report and (study / "report" / "axes.png").is_file()

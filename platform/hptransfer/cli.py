@@ -265,20 +265,30 @@ def run(
         help="Start the large run over (the previous one is moved to STUDY_DIR/replaced/). Default: continue it.",
     ),
     skip_coord_check: bool = typer.Option(False, "--skip-coord-check"),
+    until: Optional[str] = typer.Option(
+        None,
+        "--until",
+        help="`transfer`: stop after the plan (the report is written; a later `hpt run` trains it), e.g. to hand "
+        "the plan to another trainer (`hpt handoff`). Default: everything.",
+        metavar="transfer|train",
+    ),
 ):
     """The whole pipeline on one Ray: validate → coord-check → sweep → transfer → train → report; with
     `dp.init_from: pretrain`, then DP sweep(s) → private plan → private run from the large run's model.
     A re-run resumes each stage (finished trials and checkpoints are kept). Prints where everything is."""
     from hptransfer.pipeline import run_study
 
+    if until not in (None, "transfer", "train"):
+        fail(f"--until {until!r} is not a stage it can stop after", where="--until", fix="use --until transfer (or train)")
     out = run_study(
         _study(spec, study_dir, tracking_uri, address),
         restart_sweep=restart_sweep,
         restart_train=restart_train,
         skip_coord_check=skip_coord_check,
+        until=until,
         log=console.print,
     )
-    console.rule("[bold]study done")
+    console.rule("[bold]study done" if until != "transfer" else "[bold]study planned (--until transfer)")
     for k in ("study_dir", "results", "plan", "train_metrics", "report", "tracking_uri"):
         console.print(f"{k:>14}: {out[k]}", markup=False)
     console.print(f"{'final':>14}: {out['final']}", markup=False)

@@ -274,12 +274,21 @@ def finetune_stage(study: StudyContext, *, log=print) -> dict:
 
 
 def run_study(
-    study: StudyContext, *, restart_sweep: bool = False, restart_train: bool = False, skip_coord_check: bool = False, log=print
+    study: StudyContext,
+    *,
+    restart_sweep: bool = False,
+    restart_train: bool = False,
+    skip_coord_check: bool = False,
+    until: str | None = None,
+    log=print,
 ) -> dict:
     """Everything, end to end, on one Ray, holding the study's lock. Returns where things are.
     A re-run resumes: the sweep keeps its finished trials, the large run continues from its latest
     checkpoint (or finds it finished); `restart_sweep` / `restart_train` start that stage over,
-    moving what it replaces aside."""
+    moving what it replaces aside. `until="transfer"` stops after the plan (and writes the report):
+    for a large run in another trainer (`hpt handoff`), or to look at the plan first."""
+    if until not in (None, "transfer", "train"):
+        raise ValueError(f"until={until!r}: use 'transfer' (stop after the plan) or 'train' (everything; the default)")
     from hptransfer.coordcheck import describe
 
     t0, times = time.time(), {}
@@ -296,6 +305,21 @@ def run_study(
             f"transfer ({plan.rule}): target width {plan.target.width} gets lr={plan.hps.lr:.4g}"
             + "".join(f"\n  warning: {w}" for w in plan.diagnostics.warnings)
         )
+        if until == "transfer":
+            report = report_stage(study, log=log)
+            times["total_s"] = time.time() - t0
+            log(f"stopped after the plan (--until transfer): {study.paths.plan}; `hpt run` again trains it")
+            p = study.paths
+            return {
+                "study_dir": str(study.root),
+                "plan": str(p.plan),
+                "results": str(p.sweep_results),
+                "train_metrics": None,
+                "report": str(report),
+                "tracking_uri": study.tracking_uri,
+                "final": {},
+                "times": times,
+            }
         t = time.time()
         # A re-run continues an interrupted large run instead of refusing, and keeps one that finished
         # this very plan (status ok, handed off) without starting Ray Train and DeepSpeed again.
