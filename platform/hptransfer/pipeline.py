@@ -309,17 +309,7 @@ def run_study(
             report = report_stage(study, log=log)
             times["total_s"] = time.time() - t0
             log(f"stopped after the plan (--until transfer): {study.paths.plan}; `hpt run` again trains it")
-            p = study.paths
-            return {
-                "study_dir": str(study.root),
-                "plan": str(p.plan),
-                "results": str(p.sweep_results),
-                "train_metrics": None,
-                "report": str(report),
-                "tracking_uri": study.tracking_uri,
-                "final": {},
-                "times": times,
-            }
+            return _where(study, report, None, times)
         t = time.time()
         # A re-run continues an interrupted large run instead of refusing, and keeps one that finished
         # this very plan (status ok, handed off) without starting Ray Train and DeepSpeed again.
@@ -337,16 +327,20 @@ def run_study(
             times["private_s"] = time.time() - t
         report = report_stage(study, log=log)
     times["total_s"] = time.time() - t0
+    return {**_where(study, report, metrics, times), **({"private": private} if private else {})}
+
+
+def _where(study: StudyContext, report: Path, metrics: dict | None, times: dict) -> dict:
+    """What `run_study` returns: where things are (no large run: no train_metrics, empty final)."""
     p = study.paths
     return {
         "study_dir": str(study.root),
         "plan": str(p.plan),
         "results": str(p.sweep_results),
-        "train_metrics": str(p.train.metrics),
+        "train_metrics": str(p.train.metrics) if metrics is not None else None,
         "report": str(report),
         "tracking_uri": study.tracking_uri,
-        "final": {k: metrics.get(k) for k in ("train_loss", "val_loss", "tokens_per_s")},
-        **({"private": private} if private else {}),
+        "final": {k: metrics.get(k) for k in ("train_loss", "val_loss", "tokens_per_s")} if metrics is not None else {},
         "times": times,
     }
 

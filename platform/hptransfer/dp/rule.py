@@ -34,8 +34,13 @@ def choose_batch_size(rows: Sequence[Row], tolerance: float) -> int:
     ok = [r for r in rows if r.feasible and r.sigma_sqrt_t is not None]
     if not ok:
         raise ValueError("no feasible batch size: every B either has T < min_steps or no σ meets the budget")
-    best = min(r.sigma_sqrt_t for r in ok)
-    return min(r.batch_size for r in ok if r.sigma_sqrt_t <= (1 + tolerance) * best)
+    return _smallest_within(ok, tolerance)
+
+
+def _smallest_within(rows: Sequence[Row], tolerance: float) -> int:
+    """The smallest B whose σ√T ≤ (1 + tolerance)·min σ√T over `rows` (all with a σ)."""
+    best = min(r.sigma_sqrt_t for r in rows)
+    return min(r.batch_size for r in rows if r.sigma_sqrt_t <= (1 + tolerance) * best)
 
 
 def clip_shift(epsilon: float, reference_epsilon: float = 8.0, exponent: float = 0.5) -> float:
@@ -84,8 +89,7 @@ def noise_choice(rows: Sequence[Row], tolerance: float) -> int:
     ok = [r for r in rows if r.sigma_sqrt_t is not None]
     if not ok:
         raise ValueError("no feasible batch size: no σ meets the budget at any B")
-    best = min(r.sigma_sqrt_t for r in ok)
-    return min(r.batch_size for r in ok if r.sigma_sqrt_t <= (1 + tolerance) * best)
+    return _smallest_within(ok, tolerance)
 
 
 def choose_batch_size_predicted(
