@@ -40,7 +40,8 @@ def _git(*args: str) -> str:
 
 def fresh_clone() -> tuple[Path, float]:
     """HEAD cloned into a temporary folder and set up as CI sets it up; (folder, setup seconds)."""
-    where = Path(tempfile.mkdtemp(prefix="ci_tiers_"))
+    # Beside this checkout, so ../shared (the schemas the manifest tests validate against) is there too.
+    where = Path(tempfile.mkdtemp(prefix="ci_tiers_", dir=ROOT.parent))
     subprocess.run(["git", "clone", "-q", str(ROOT), str(where)], check=True)
     t0 = time.perf_counter()
     r = subprocess.run(["bash", "scripts/setup.sh"], cwd=where, env={**os.environ, "CI": "true"}, capture_output=True, text=True)
