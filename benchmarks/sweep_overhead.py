@@ -17,6 +17,10 @@ inside `train_proxy`, which adds model build, corpus load and evaluations) and t
 Growth: least-squares line W = a + b·N over the three sweeps; linear when r² ≈ 1 and the
 per-trial slope b stays near the mean trial cost / CPUs.
 
+What-ifs, each to its own results file: `--fresh-actors` (a new process per trial),
+`--ascending-widths` (narrowest first), `--resident-ray` (the sweeps join one Ray head started
+before them, as on a resident cluster, instead of each starting its own).
+
 The machine is shared: the 1-minute load average before and after each sweep is recorded, and
 contention inflates train_s and W alike.
 
@@ -27,6 +31,7 @@ Run: .venv/bin/python benchmarks/sweep_overhead.py      → benchmarks/results/s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -144,7 +149,8 @@ class ProcessCpu:
     `every_s` while a sweep runs (a process's last sample counts; one that lived < every_s is missed):
     where the machine's time goes besides the trials' training steps. Kinds: `driver` (this process:
     Tune's loop, the searcher, callbacks), `ray_daemons` (GCS, raylet, agents, log monitor),
-    `trial_workers` (Ray worker processes: the trials, their imports and evaluations)."""
+    `trial_workers` (Ray worker processes: the trials, their imports and evaluations). With
+    `--resident-ray` only the driver is seen: the head's processes are not this driver's children."""
 
     def __init__(self, every_s: float = 0.5):
         import threading
@@ -197,14 +203,23 @@ class ProcessCpu:
         return {k: round(v, 1) for k, v in sorted(out.items())}
 
 
-def one_sweep(n_trials: int, steps: int, work: Path, *, order: str = "widest-first", reuse_actors: bool = True) -> dict:
+def one_sweep(
+    n_trials: int,
+    steps: int,
+    work: Path,
+    *,
+    order: str = "widest-first",
+    reuse_actors: bool = True,
+    address: str | None = None,
+) -> dict:
     """One `run_sweep` of `n_trials`, timed. `order` and `reuse_actors` are run_sweep's own
     arguments: the what-ifs (ascending widths; a fresh process per trial, which pays the imports,
-    corpus read and first model build again) change nothing else."""
+    corpus read and first model build again) change nothing else. `address`: join that running Ray
+    (as `hpt run --address`) instead of starting one per sweep."""
     from hptransfer.study import Study
     from hptransfer.sweep.runner import run_sweep
 
-    study = Study.from_spec(sweep_spec(n_trials, steps), work / f"sweep_{n_trials}")
+    study = Study.from_spec(sweep_spec(n_trials, steps), work / f"sweep_{n_trials}", address=address)
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     with ProcessCpu() as cpu:
@@ -233,6 +248,30 @@ def one_sweep(n_trials: int, steps: int, work: Path, *, order: str = "widest-fir
         "loadavg_1min_before": round(load0, 2),
         "loadavg_1min_after": round(os.getloadavg()[0], 2),
     }
+
+
+@contextlib.contextmanager
+def resident_ray(work: Path):
+    """A Ray head started with `ray start` before the timed sweeps and stopped after them, as a
+    resident cluster (a KubeRay head, a long-lived `ray start`) would be: the what-if of a sweep
+    that does not start and stop its own Ray. Same sizes as a sweep's own local Ray."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "platform")}
+    # A temp dir of its own: `ray stop` below must stop only this head.
+    tmp = work / "ray"
+    start = [ray_cli, "start", "--head", f"--port={port}", f"--num-cpus={CPUS}", "--include-dashboard=false"]
+    start += [f"--object-store-memory={256 * 1024 * 1024}", f"--temp-dir={tmp}", "--disable-usage-stats"]
+    subprocess.run(start, check=True, capture_output=True, env=env)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([ray_cli, "stop", "--force"], capture_output=True, env=env)
 
 
 def linear_fit(points: list[tuple[int, float]]) -> dict:
@@ -378,6 +417,12 @@ def main(argv: list[str]) -> dict:
         "write to results/sweep_overhead_ascending_widths.json",
     )
     ap.add_argument(
+        "--resident-ray",
+        action="store_true",
+        help="what-if: every sweep joins one Ray head started (`ray start`) before them and stopped after, "
+        "as on a resident cluster, instead of starting its own; write to results/sweep_overhead_resident_ray.json",
+    )
+    ap.add_argument(
         "--probe-only", action="store_true", help="only time a fresh trial process's start-up and merge it into an existing --out"
     )
     ap.add_argument(
@@ -401,6 +446,8 @@ def main(argv: list[str]) -> dict:
         args.out = str(ROOT / "benchmarks" / "results" / "sweep_overhead_fresh_actors.json")
     if args.ascending_widths and args.out == ap.get_default("out"):
         args.out = str(ROOT / "benchmarks" / "results" / "sweep_overhead_ascending_widths.json")
+    if args.resident_ray and args.out == ap.get_default("out"):
+        args.out = str(ROOT / "benchmarks" / "results" / "sweep_overhead_resident_ray.json")
     sizes = [int(x) for x in args.trials.split(",")]
     info = machine_info([str(Path(__file__).relative_to(ROOT)), *argv])
     if args.single:
@@ -427,13 +474,15 @@ def main(argv: list[str]) -> dict:
     try:
         startup = ray_startup_s()
         runs: list[dict] = []
-        for n in sizes:
-            runs.append(one_sweep(n, args.steps, work, order=order, reuse_actors=reuse_actors))
-            print(f"[sweep_overhead] {runs[-1]}", flush=True)
-            # Written after every sweep size, so a run cut short still leaves its figures.
-            done = len(runs) == len(sizes)
-            result = {**summarise(info, startup, runs, done, order=order, reuse_actors=reuse_actors), "cold_start_probe": probe}
-            write_json(args.out, result)
+        with resident_ray(work) if args.resident_ray else contextlib.nullcontext() as address:
+            for n in sizes:
+                runs.append(one_sweep(n, args.steps, work, order=order, reuse_actors=reuse_actors, address=address))
+                print(f"[sweep_overhead] {runs[-1]}", flush=True)
+                # Written after every sweep size, so a run cut short still leaves its figures.
+                done = len(runs) == len(sizes)
+                result = summarise(info, startup, runs, done, order=order, reuse_actors=reuse_actors)
+                result = {**result, "resident_ray": bool(address), "cold_start_probe": probe}
+                write_json(args.out, result)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"[sweep_overhead] wrote {args.out}", flush=True)
