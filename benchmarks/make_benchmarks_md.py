@@ -78,17 +78,16 @@ def result_date(d: dict, path: Path) -> str:
 
 def header(stem: str, d: dict, path: Path) -> str:
     title, run = script_doc(stem)
+    m = d.get("machine")
     if run is None:
         # A what-if's result (sweep_overhead_resident_ray.json) comes from its script's flag: the
         # script's title, and the command the result recorded (else the script's own).
         parents = [p.stem for p in (ROOT / "benchmarks").glob("*.py") if stem.startswith(p.stem + "_")]
         if parents:
             title, run = script_doc(max(parents, key=len))
-        m = d.get("machine")
         if isinstance(m, dict) and isinstance(m.get("command"), str) and m["command"].startswith("python "):
             run = ".venv/bin/" + m["command"]
     date = result_date(d, path)
-    m = d.get("machine")
     machine = ", ".join(f"{k}={v}" for k, v in m.items()) if isinstance(m, dict) else (m or "not recorded")
     fig = d.get("figure") or (f"benchmarks/results/{stem}.png" if (RESULTS / f"{stem}.png").is_file() else None)
     lines = [

@@ -149,8 +149,8 @@ class ProcessCpu:
     `every_s` while a sweep runs (a process's last sample counts; one that lived < every_s is missed):
     where the machine's time goes besides the trials' training steps. Kinds: `driver` (this process:
     Tune's loop, the searcher, callbacks), `ray_daemons` (GCS, raylet, agents, log monitor),
-    `trial_workers` (Ray worker processes: the trials, their imports and evaluations). With
-    `--resident-ray` only the driver is seen: the head's processes are not this driver's children."""
+    `trial_workers` (Ray worker processes: the trials, their imports and evaluations). Under
+    `--resident-ray` the head's processes count too (resident_ray starts it under this driver)."""
 
     def __init__(self, every_s: float = 0.5):
         import threading
@@ -258,20 +258,39 @@ def resident_ray(work: Path):
     import socket
     import subprocess
 
+    import psutil
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     ray_cli = str(Path(sys.executable).with_name("ray"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "platform")}
-    # A temp dir of its own: `ray stop` below must stop only this head.
-    tmp = work / "ray"
-    start = [ray_cli, "start", "--head", f"--port={port}", f"--num-cpus={CPUS}", "--include-dashboard=false"]
-    start += [f"--object-store-memory={256 * 1024 * 1024}", f"--temp-dir={tmp}", "--disable-usage-stats"]
-    subprocess.run(start, check=True, capture_output=True, env=env)
+    start = [ray_cli, "start", "--head", "--block", f"--port={port}", f"--num-cpus={CPUS}", "--include-dashboard=false"]
+    start += [f"--object-store-memory={256 * 1024 * 1024}", f"--temp-dir={work / 'ray'}", "--disable-usage-stats"]
+    # --block keeps `ray start` in the foreground with the head's processes under it, so only this
+    # head is stopped below (`ray stop` would stop every Ray of this user on the machine).
+    head = subprocess.Popen(start, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     try:
+        deadline = time.monotonic() + 60
+        while head.poll() is None:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"`ray start --head --port={port}` did not listen within 60 s")
+            time.sleep(0.2)
+        if head.returncode is not None:
+            raise SystemExit(f"`ray start --head` exited with {head.returncode}: {' '.join(start)}")
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([ray_cli, "stop", "--force"], capture_output=True, env=env)
+        tree = psutil.Process(head.pid).children(recursive=True) if head.poll() is None else []
+        head.terminate()
+        try:
+            head.wait(30)
+        except subprocess.TimeoutExpired:
+            head.kill()
+        for proc in tree:  # what the head left behind (a worker mid-exit)
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
 def linear_fit(points: list[tuple[int, float]]) -> dict:
