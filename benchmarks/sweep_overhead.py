@@ -367,6 +367,13 @@ ray.shutdown()
 """
 
 
+def tree_of(module_file: str) -> str:
+    """Which tree a process imported hptransfer from, without this machine's paths: the working
+    tree, or before_after's extracted `git archive` of the ref (a temporary folder)."""
+    tree = Path(module_file).resolve().parents[2]  # <tree>/platform/hptransfer/__init__.py
+    return "working tree" if tree == ROOT.resolve() else "git archive of the ref"
+
+
 def before_after(ref: str, sizes: list[int], steps: int, out: str, info: dict, after_first: bool = False) -> dict:
     """The same sweeps with the product at git `ref` (before) and at the working tree (after), in one
     run, alternating (before, after) per size so both see the same load; each sweep in a fresh
@@ -383,7 +390,7 @@ def before_after(ref: str, sizes: list[int], steps: int, out: str, info: dict, a
         trees["before"] = work
         env = {tag: {**os.environ, "PYTHONPATH": str(tree / "platform")} for tag, tree in trees.items()}
         probe = subprocess.run([sys.executable, "-c", _WORKER_PROBE], capture_output=True, text=True, env=env["before"])
-        workers_import = probe.stdout.strip().splitlines()[-1] if probe.stdout.strip() else probe.stderr[-300:]
+        workers_import = tree_of(probe.stdout.strip().splitlines()[-1]) if probe.stdout.strip() else probe.stderr[-300:]
         pairs = []
         for n in sizes:
             pair = {"trials_grid": n}
@@ -474,7 +481,7 @@ def main(argv: list[str]) -> dict:
 
         work = Path(tempfile.mkdtemp(prefix="hpt_bench_sweep_"))
         try:
-            run = {**one_sweep(sizes[0], args.steps, work), "hptransfer_from": hptransfer.__file__}
+            run = {**one_sweep(sizes[0], args.steps, work), "hptransfer_from": tree_of(hptransfer.__file__)}
         finally:
             shutil.rmtree(work, ignore_errors=True)
         write_json(args.out, run)
