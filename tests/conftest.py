@@ -135,6 +135,7 @@ MODULE_SECONDS = {
     "tests/test_sweep_resume.py": 110,
     "tests/test_dp_finetune.py": 110,
     "tests/test_axes_run.py": 95,
+    "tests/test_user_paths.py": 75,
     "tests/test_data_files.py": 90,
     "tests/test_dp_sweep.py": 40,
     "tests/test_calibration.py": 30,

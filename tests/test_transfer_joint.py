@@ -2,7 +2,11 @@
 fallbacks; a grid keeps today's coordinate fit, byte for byte (tests/data/grid_plans holds plans
 made by the code before the joint path; remake them only for an intended change of grid plans)."""
 
+import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from goldens import differences
 from hptransfer.plan import load_plan, save_plan
 from hptransfer.plan_diagnostics import HyperparameterTransfer, JointOptimum, OptimumSummary
 from hptransfer.transfer.engine import check_results, make_plan, optima_by_width, standalone_spec
@@ -103,17 +108,82 @@ def test_coordinate_slicing_is_biased_on_the_tilted_bowl_and_the_joint_fit_is_no
     assert abs(steps_off(joint["output_mult"].value, OM, OM_STEP)) < 0.01
 
 
-def test_a_grid_table_gives_the_same_plan_as_before():
+ENGINE_KEYS = ("hyperparameters", "param_group_multipliers", "schedule", "heuristics", "diagnostics", "target", "axes")
+# Pure arithmetic on the same table: equal to 1e-9 relative on any machine (BLAS kernels and thread
+# counts move the last digits only). The loss fit's rmse is a residual of an exact fit to O(1) losses,
+# i.e. rounding noise itself (~1e-9 here, moving by ~1e-16 between kernels): it gets an absolute floor
+# of 1e-14, about 50 ulps of a loss of 2.
+GOLDEN_REL, GOLDEN_FLOOR = 1e-9, {"rmse": 1e-14}
+
+
+def _grid_plans() -> dict[str, dict]:
+    out = {}
     for name, df in (("one_hp", _one_hp()), ("two_hp", _two_hp())):
         plan = make_plan(standalone_spec(df, rule="mup", target_width=1024, model={"family": "mlp"}), df)
         assert plan.diagnostics.joint_by_width == {} and plan.diagnostics.per_hyperparameter == {}
-        made, before = plan.model_dump(mode="json"), yaml.safe_load((GOLDEN / f"{name}.yaml").read_text())
-        # What the engine computes, exactly (the spec's own sections may gain fields of their own).
-        for key in ("hyperparameters", "param_group_multipliers", "schedule", "heuristics", "diagnostics", "target", "axes"):
-            assert made[key] == before[key], (name, key)
-        assert made["provenance"]["results_hash"] == before["provenance"]["results_hash"]
+        out[name] = plan.model_dump(mode="json")
+        out[name]["_table"] = df.to_dict(orient="list")
+    return out
+
+
+def _same_as_golden(made: dict) -> list[str]:
+    out = []
+    for name, plan in made.items():
+        before = yaml.safe_load((GOLDEN / f"{name}.yaml").read_text())
+        # What the engine computes (the spec's own sections may gain fields of their own).
+        out += differences({k: plan[k] for k in ENGINE_KEYS}, {k: before[k] for k in ENGINE_KEYS}, GOLDEN_REL, GOLDEN_FLOOR, name)
+        # The same table in: its values, not its hash (the provenance's results_hash is of the bits,
+        # which numpy's vectorised exp/log round differently on other CPUs).
+        table = pd.read_csv(GOLDEN / f"{name}_table.csv", keep_default_na=True).to_dict(orient="list")
+        out += differences(plan["_table"], table, 1e-12, None, f"{name}.table")
         # ...and the file keeps no trace of the joint path's fields (left out while empty).
-        assert yaml.safe_dump(made["diagnostics"], sort_keys=False) == yaml.safe_dump(before["diagnostics"], sort_keys=False)
+        if list(plan["diagnostics"]) != list(before["diagnostics"]):
+            out.append(f"{name}.diagnostics: keys {list(plan['diagnostics'])}, golden {list(before['diagnostics'])}")
+    return out
+
+
+def test_a_grid_table_gives_the_same_plan_as_before():
+    assert _same_as_golden(_grid_plans()) == []
+
+
+def test_the_golden_comparison_catches_a_real_change():
+    made = _grid_plans()
+    lr = made["one_hp"]["hyperparameters"]["lr"]
+    made["one_hp"]["hyperparameters"]["lr"] = lr * (1 + 1e-7)  # far below any grid step, far above rounding
+    made["two_hp"]["diagnostics"]["loss_fit"]["rmse"] += 1e-12
+    loss = made["one_hp"]["_table"]["val_loss"][5]
+    made["one_hp"]["_table"]["val_loss"][5] = loss + 1e-9
+    assert _same_as_golden(made) == [
+        f"one_hp.hyperparameters.lr: {lr * (1 + 1e-7)!r}, golden {lr!r} (rel 1e-09)",
+        f"one_hp.table.val_loss[5]: {loss + 1e-9!r}, golden {loss!r} (rel 1e-12)",
+        f"two_hp.diagnostics.loss_fit.rmse: {made['two_hp']['diagnostics']['loss_fit']['rmse']!r}, golden "
+        f"{yaml.safe_load((GOLDEN / 'two_hp.yaml').read_text())['diagnostics']['loss_fit']['rmse']!r} (rel 1e-09)",
+    ]
+
+
+# Another machine, here: OpenBLAS's kernels for other CPUs (DYNAMIC_ARCH builds honour
+# OPENBLAS_CORETYPE; Haswell and Sandybridge each give other last digits than this machine's own) and
+# one BLAS thread. Each must still match the golden: a machine-level difference cannot turn CI red.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "env",
+    [{"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_NUM_THREADS": "1"}, {"OPENBLAS_CORETYPE": "Sandybridge", "OMP_NUM_THREADS": "2"}],
+    ids=["haswell-1-thread", "sandybridge"],
+)
+def test_the_golden_grid_plans_hold_on_other_blas_kernels_and_threads(env):
+    script = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import test_transfer_joint as t; print(json.dumps(t._grid_plans()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    made = json.loads(out.stdout.splitlines()[-1])
+    assert _same_as_golden(made) == []
 
 
 def _one_hp():

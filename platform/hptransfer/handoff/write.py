@@ -48,13 +48,14 @@ class HandoffResult:
 
 def conformance_batches(plan: Any, steps: int, batch_size: int | None = None) -> torch.Tensor:
     """The target's first `steps` training batches as token windows [steps, batch, seq_len + 1]
-    (input `b[:, :-1]`, targets `b[:, 1:]`), exactly those the large run draws at those steps."""
+    (input `b[:, :-1]`, targets `b[:, 1:]`), exactly those the large run draws at those steps: its
+    steps count from 1 (train/loop.py, as a trial's do), so entry i is the batch of step i + 1."""
     from hptransfer.data import open_corpus
 
     B, T = batch_size or plan.target.batch_size, plan.target.seq_len
     corpus = open_corpus(plan.data, seq_len=T)
     out = []
-    for step in range(steps):
+    for step in range(1, steps + 1):
         x, y = corpus.batch("train", step, plan.target.batch_size, T, seed=plan.seed)
         out.append(torch.cat([x, y[:, -1:]], dim=1)[:B])
     return torch.stack(out).long()
