@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from hptransfer.cli import app
-from hptransfer.errors import SpecError
+from hptransfer.errors import ResultsError, SpecError
 from hptransfer.plan import load_plan
 from hptransfer.spec import parse_spec, spec_hash, sweep_hash
 from hptransfer.sweep.noise_scale import gradient_noise_scale
@@ -193,7 +193,7 @@ def test_target_depth_and_weight_decay_rule_are_validated():
 def test_a_results_table_with_bad_axis_values_is_refused():
     df = _table({"steps": [50]})
     df.loc[0, "steps"] = -5
-    with pytest.raises(Exception, match="column `steps` must hold positive integers"):
+    with pytest.raises(ResultsError, match="column `steps` must hold positive integers"):
         make_plan(standalone_spec(df, rule="mup", target_width=2048, model={"family": "mlp"}), df)
 
 

@@ -56,8 +56,29 @@ def test_hpt_run_with_axes_end_to_end(tmp_path):
     assert df.loc[df.status == "ok", "noise_scale"].notna().any()
     plan = load_plan(study / "transfer_plan.yaml")
     laws = plan.axes["laws"]
-    assert laws["steps"]["values"] == [6, 12, 24] and laws["steps"]["verdict"] in ("fitted", "cannot tell")
-    assert laws["batch_size"]["values"] == [4, 8] or laws["batch_size"]["verdict"] == "cannot tell"
+    # Each law's verdict follows from how many of its arms have a point optimum, counted here from the
+    # table: an arm's best LR strictly inside its grid (on the grid's edge, or just below a diverged LR,
+    # it is only a bound).
+    arm = {"steps": {"batch_size": 8, "depth": 2}, "batch_size": {"steps": 12, "depth": 2}}
+    for axis, fixed in arm.items():
+        rows = df[(df.width == 16) & (df[list(fixed)] == pd.Series(fixed)).all(axis=1)]
+        interior = {}
+        for v, g in rows.groupby(axis):
+            tried, ok = sorted(g.lr), g[g.status == "ok"]
+            if len(ok):
+                best = ok.groupby("lr").val_loss.mean().idxmin()
+                above = [lr for lr in tried if lr > best]
+                capped = bool(above) and (g[g.lr == above[0]].status == "diverged").any()  # a bound below a divergence
+                interior[int(v)] = tried[0] < best < tried[-1] and not capped
+        law = laws[axis]
+        assert law["values"] == sorted(interior), (axis, law["values"], interior)
+        n = sum(interior.values())
+        want = "cannot tell" if n < 2 else ("undecided" if len(interior) == 2 else "fitted")
+        assert law["verdict"] == want, (axis, law["verdict"], interior)
+        assert law["basis"] == ("prior" if want == "cannot tell" else "fit")
+        if want != "cannot tell":
+            assert law["n_bounds"] == len(interior) - n
+    assert laws["steps"]["values"] == [6, 12, 24] and laws["batch_size"]["values"] == [4, 8]
     assert plan.target.steps == 24 and plan.target.batch_size == 16
     # The depth arm (issue 24): a law from two depths, and a target deeper than both under standard residuals is warned.
     assert laws["depth"]["values"] == [2, 3] and laws["depth"]["verdict"] == "undecided"

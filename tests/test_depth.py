@@ -32,12 +32,41 @@ FAMILIES = {
     },
 }
 HPS = Hyperparameters(lr=0.02, weight_decay=0.1, output_mult=2.0)
+# The depth rules at depth ratio m_L = 4 / 2 = 2, written out from their papers (not read from the
+# product): β = m_L^(−α), hidden LR × m_L^(α−1), hidden ε × m_L^(−α); CompleteP α = 1, Depth-µP α = ½.
+RULE_AT_RATIO_2 = {
+    "completep": {"branch": 0.5, "hidden_lr": 1.0, "hidden_eps": 0.5},
+    "depth-mup": {"branch": 2**-0.5, "hidden_lr": 2**-0.5, "hidden_eps": 2**-0.5},
+}
 
 
 def _spec(family: str, dp: str, depth: int = 4, base_depth: int = 2) -> ModelSpec:
     return ModelSpec(
         **FAMILIES[family], depth=depth, seq_len=16, parametrization="mup", depth_parametrization=dp, base_depth=base_depth
     )
+
+
+@pytest.mark.parametrize("dp", list(RULE_AT_RATIO_2))
+def test_the_depth_rule_has_its_papers_values_at_depth_ratio_2(dp):
+    s = depth_scaling(_spec("llama", dp))
+    want = RULE_AT_RATIO_2[dp]
+    assert (s.branch, s.hidden_lr, s.hidden_eps) == pytest.approx(
+        (want["branch"], want["hidden_lr"], want["hidden_eps"]), rel=1e-12
+    )
+    assert depth_scaling(_spec("llama", "none")) is None
+    # The fold: a branch's output layer takes lr × β, wd / β, ε / β on top of the hidden rule; any other
+    # parameter inside a block takes the hidden rule alone; embeddings and readout are not touched.
+    model = build_model(_spec("llama", dp), 32, base_width=16, hps=HPS, seed=0)
+    factors = param_factors(model, s)
+    branch = {id(p) for _, m in branch_outputs(model) for p in m.parameters(recurse=False)}
+    b, lr, eps = want["branch"], want["hidden_lr"], want["hidden_eps"]
+    for name, p in model.named_parameters():
+        if id(p) in branch:
+            assert factors[id(p)] == pytest.approx((lr * b, 1 / b, eps / b), rel=1e-12), name
+        elif ".layers." in name:
+            assert factors[id(p)] == pytest.approx((lr, 1.0, eps), rel=1e-12), name
+        else:
+            assert id(p) not in factors, name
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -70,7 +99,8 @@ def test_the_folded_form_trains_as_the_explicit_branch_multiplier(family, dp):
 
     apply_infshapes(explicit, get_infshapes(folded))  # deepcopy drops `infshape`
     explicit_multipliers(explicit, s)
-    hidden_only = dict.fromkeys(param_factors(explicit, s), (s.hidden_lr, 1.0, s.hidden_eps))  # the rule without the fold
+    want = RULE_AT_RATIO_2[dp]  # the rule without the fold, from the papers' values
+    hidden_only = dict.fromkeys(param_factors(explicit, s), (want["hidden_lr"], 1.0, want["hidden_eps"]))
     opts = [
         build_optimizer(folded, "mup", HPS, depth=s),
         rescale_optimizer(build_optimizer(explicit, "mup", HPS), hidden_only),

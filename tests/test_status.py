@@ -13,6 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from hptransfer.cli import app
+from hptransfer.errors import StudyError
 from hptransfer.io import write_json
 from hptransfer.status import study_status
 from hptransfer.study import SWEEP_EXPERIMENT, Study, StudyPaths
@@ -201,5 +202,5 @@ def test_large_run_interrupted_says_how_to_continue(tmp_path):
 def test_not_a_folder_is_a_user_error(tmp_path):
     r = CliRunner().invoke(app, ["status", str(tmp_path / "missing")])
     assert r.exit_code == 2 and "is not a folder" in r.output
-    with pytest.raises(Exception, match="not a folder"):
+    with pytest.raises(StudyError, match="not a folder"):
         study_status(tmp_path / "missing")

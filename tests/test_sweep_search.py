@@ -10,6 +10,7 @@ import re
 import signal
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from hptransfer.hyperparameters import LOG_SCALE
@@ -226,14 +227,13 @@ OPTUNA_LINE = re.compile(r"\[sweep \d+/\d+\] (replicate )?width=(\d+) lr=(\S+) o
 
 
 @pytest.mark.slow
-def test_an_optuna_sweep_resumes_after_a_kill_in_one_tune_run_logs_to_mlflow_and_makes_a_plan(ray_local, mlflow_server, tmp_path):
-    """End to end as a user runs it: `hpt sweep` of a tiny MLP ladder (2 widths, 4 then 3 TPE trials
-    over lr × output_mult, the wider width from the narrower one's best 2, one replicate each, 2 at
-    a time) against a real `mlflow server`, SIGKILLed with the driver's Ray once 3 trials have
-    finished; the sweep stage resumes it (here in-process, on the session's Ray: the searcher's
-    Optuna studies come back from Tune's experiment checkpoint), no finished trial trains again,
-    the replicates run in that one Tune run, MLflow has one parent with one child per trial, and
-    the transfer stage fits the scattered points."""
+def test_an_optuna_hpt_run_killed_and_resumed_from_the_cli_logs_to_mlflow_and_makes_a_joint_plan(mlflow_server, tmp_path):
+    """End to end as a user runs it: `hpt run --until transfer` of a tiny MLP ladder (2 widths, 4
+    then 3 TPE trials over lr × output_mult, the wider width from the narrower one's best 2, one
+    replicate each, 2 at a time) against a real `mlflow server`, SIGKILLed with its Ray once 3 trials
+    have finished; the same command again resumes it (the searcher's Optuna studies come back from
+    Tune's experiment checkpoint), no finished trial trains again, the replicates run in that one
+    Tune run, MLflow has one parent with one child per trial, and the plan fits the scattered points."""
     import subprocess
     import sys
     import time
@@ -241,7 +241,7 @@ def test_an_optuna_sweep_resumes_after_a_kill_in_one_tune_run_logs_to_mlflow_and
     import mlflow
     import yaml
 
-    from hptransfer.pipeline import sweep_stage, transfer_stage
+    from hptransfer.plan import load_plan
     from hptransfer.study import Study
 
     from conftest import tiny_spec_dict
@@ -259,36 +259,33 @@ def test_an_optuna_sweep_resumes_after_a_kill_in_one_tune_run_logs_to_mlflow_and
     )
     spec_path, study_dir = tmp_path / "optuna.yaml", tmp_path / "study"
     spec_path.write_text(yaml.safe_dump(spec))
-    cmd = [sys.executable, "-m", "hptransfer", "sweep", str(spec_path), "--study-dir", str(study_dir)]
-    p = subprocess.Popen(
-        [*cmd, "--tracking-uri", mlflow_server],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    cmd = [sys.executable, "-m", "hptransfer", "run", str(spec_path), "--study-dir", str(study_dir)]
+    cmd += ["--skip-coord-check", "--until", "transfer", "--tracking-uri", mlflow_server]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     before, deadline = set(), time.time() + 300
     for line in p.stdout:
         if m := OPTUNA_LINE.search(line):
             before.add(m.groups()[1:5])
         if len(before) >= 3 or time.time() > deadline:
             break
-    os.killpg(p.pid, signal.SIGKILL)
+    os.killpg(p.pid, signal.SIGKILL)  # the driver and the Ray it started
     p.wait()
     assert len(before) >= 3, "the sweep did not get going"
     assert not (study_dir / "sweep_results.csv").exists()
 
-    study = Study.from_spec(spec_path, study_dir, tracking_uri=mlflow_server)
-    log_size, said = study.paths.log_file.stat().st_size, []
-    out = sweep_stage(study, log=said.append)
-    assert any("resuming the sweep" in s for s in said) and any("4/3 Optuna TPE trials" in s for s in said), said
-    lines = study.paths.log_file.read_text()[log_size:].splitlines()
+    log_file = Study.from_spec(spec_path, study_dir).paths.log_file
+    log_size = log_file.stat().st_size
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # the same command, as a user retries it
+    said = r.stdout + r.stderr
+    assert r.returncode == 0, said[-5000:]
+    assert "resuming the sweep" in said and "4/3 Optuna TPE trials" in said, said[-5000:]
+    lines = log_file.read_text()[log_size:].splitlines()
     after = {m.groups()[1:5]: m.group(6) for m in map(OPTUNA_LINE.search, lines) if m}
     for trial in before:  # never trained twice: restored by Tune or replayed from its marker
         assert trial not in after or "not run again" in after[trial], (trial, after.get(trial))
     assert any("not run again" not in s for t, s in after.items() if t not in before), after  # it did train after the kill
 
-    df = out.table
+    df = pd.read_csv(study_dir / "sweep_results.csv")
     assert len(df) == 4 + 3 + 2 and df.replicate.sum() == 2
     assert len(df.drop_duplicates(["width", "lr", "output_mult", "seed"])) == len(df)
     narrow, wide = (df[(df.width == w) & ~df.replicate] for w in (16, 32))
@@ -303,7 +300,8 @@ def test_an_optuna_sweep_resumes_after_a_kill_in_one_tune_run_logs_to_mlflow_and
             best.lr.iloc[0],
             best.output_mult.iloc[0],
         )
-    assert [d.name for d in study.paths.ray_storage.iterdir() if d.is_dir()] == [SWEEP_EXPERIMENT]  # one Tune run
+    ray_dirs = [d.name for d in Study.from_spec(spec_path, study_dir).paths.ray_storage.iterdir() if d.is_dir()]
+    assert ray_dirs == [SWEEP_EXPERIMENT]  # one Tune run, resumed
 
     mlflow.set_tracking_uri(mlflow_server)
     runs = mlflow.search_runs(experiment_names=["optuna-e2e"])
@@ -312,5 +310,22 @@ def test_an_optuna_sweep_resumes_after_a_kill_in_one_tune_run_logs_to_mlflow_and
     assert (children["tags.mlflow.parentRunId"] == parents.run_id.iloc[0]).all()
     assert parents["params.search"].iloc[0] == "optuna"
 
-    plan = transfer_stage(study)
-    assert set(plan.diagnostics.joint_by_width) == {"16", "32"}  # scattered points: the joint path
+    # The plan `hpt run` wrote fits the scattered points jointly, width by width; what each width's fit
+    # says it saw is checked against the table itself.
+    plan = load_plan(study_dir / "transfer_plan.yaml")
+    assert set(plan.diagnostics.joint_by_width) == {"16", "32"}
+    for width, joint in plan.diagnostics.joint_by_width.items():
+        ok = df[(df.width == int(width)) & (df.status == "ok")]
+        points = ok.groupby(["lr", "output_mult"])["val_loss"].mean()  # the replicate averaged with its point
+        assert joint.hyperparameters == ["lr", "output_mult"] and joint.n_points == len(ok)
+        assert joint.best_loss == pytest.approx(points.min(), rel=1e-9)
+        assert all(box[hp][0] <= joint.value[hp] <= box[hp][1] for hp in box), joint.value
+        if not joint.convex:  # the fallback is the best point itself
+            assert (joint.value["lr"], joint.value["output_mult"]) == pytest.approx(points.idxmin(), rel=1e-12)
+    # The target's lr: the widest width's joint optimum times the plan's lr heuristics (the horizon prior:
+    # the sweep's 40 steps against the target's 6).
+    factor = math.prod(h["factor"] for h in plan.heuristics if h["applies_to"] == "lr")
+    assert plan.hps.lr == pytest.approx(plan.diagnostics.joint_by_width["32"].value["lr"] * factor, rel=1e-9)
+    assert plan.diagnostics.per_hyperparameter["lr"].source_value == pytest.approx(
+        plan.diagnostics.joint_by_width["32"].value["lr"], rel=1e-12
+    )

@@ -52,19 +52,32 @@ def test_rules_that_share_the_scaling_keep_the_results(tmp_path):
         assert make_plan(study.spec, table).rule == rule
 
 
+# What each rule trains with, written out here (not read from the registry): only mup-standard-wd
+# keeps λ on µP's hidden matrices (paper 3, arXiv 2510.19093); every other rule is MuAdamW's λ·m.
+SCALING = {
+    "mup": "independent",
+    "mup-independent-wd": "independent",
+    "mup-standard-wd": "standard",
+    "sp-warmup": "independent",
+    "power-law": "independent",
+    "dp": "independent",
+}
+
+
 def test_every_rule_carries_what_it_changes_in_training():
     """One registry: each rule object carries the spec's entry, which the trainer and the hash read."""
-    assert list(RULES) == list(RULE_NAMES)
+    assert list(RULES) == list(RULE_NAMES) and set(RULES) == set(SCALING)
     for name, rule in RULES.items():
         assert rule.name == name and rule.training is RULE_TRAINING[name]
-        assert weight_decay_scaling(name) == rule.training.weight_decay_scaling
-    assert {n for n, r in RULES.items() if r.training.weight_decay_scaling == "standard"} == {"mup-standard-wd"}
-    # The plan's µP multipliers say the same scaling the trials trained with (λ·m or λ on hidden matrices).
+        assert weight_decay_scaling(name) == rule.training.weight_decay_scaling == SCALING[name], name
+    # The plan's µP multipliers say the same scaling the trials trained with: at width ratio 256/32 = 8,
+    # λ·m is a weight-decay multiplier of 8 on hidden matrices, standard scaling keeps 1.
     ev = Evidence(optima={32: {"lr": 1e-3}, 64: {"lr": 1e-3}}, fixed={"weight_decay": 0.1}, base_width=32, parametrization="mup")
     target = Target(width=256, steps=10, batch_size=8, proxy_steps=10, proxy_batch_size=8)
-    for name in ("mup", "mup-independent-wd", "mup-standard-wd", "power-law"):
+    expected = {"mup": 8.0, "mup-independent-wd": 8.0, "mup-standard-wd": 1.0, "power-law": 8.0}
+    for name, wd_multiplier in expected.items():
         wd = RULES[name](ev, target).param_group_multipliers["hidden_matrices"]["weight_decay"]
-        assert wd == (8.0 if RULES[name].training.weight_decay_scaling == "independent" else 1.0), name
+        assert wd == pytest.approx(wd_multiplier, rel=1e-12), name
 
 
 def test_a_plan_under_another_weight_decay_scaling_is_refused(tmp_path):
