@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from hptransfer.transfer.fitting import fit_log_linear_censored, interval_quantile
+from hptransfer.transfer.fitting import fit_log_linear_censored, interval_quantile, normal_quantile
 
 AXES = ("steps", "batch_size", "depth")
 LABEL = {"steps": "horizon (steps)", "batch_size": "batch size", "depth": "depth"}
@@ -152,7 +152,8 @@ def axis_law(axis: str, values, x, se, censored, base_value: int, target_value: 
         if b_se is None:  # two points: the slope's error from theirs
             s = [v for v in se if v is not None]
             b_se = math.sqrt(sum(v * v for v in s)) / abs(math.log(values[-1] / values[0])) if len(s) == 2 else None
-        q = interval_quantile(f) if f.b_se is not None else 1.96
+        # Two points: the slope's error is from their own se (normal); else the fit's one quantile.
+        q = interval_quantile(f) if f.b_se is not None else normal_quantile()
         ci = [f.b - q * b_se, f.b + q * b_se] if b_se is not None else None
         two = len(values) == 2
         out.update(
@@ -160,6 +161,7 @@ def axis_law(axis: str, values, x, se, censored, base_value: int, target_value: 
             exponent=f.b,
             exponent_se=b_se,
             exponent_ci=ci,
+            quantile=q,
             intercept=f.a,
             basis="fit",
             n_bounds=f.n_censored,
@@ -174,8 +176,8 @@ def axis_law(axis: str, values, x, se, censored, base_value: int, target_value: 
     b = out["exponent"]
     out["factor"] = math.exp(b * shift)
     se_b = out.get("exponent_se")
-    if se_b is not None:
-        half = 1.96 * se_b * abs(shift)
+    if se_b is not None:  # the exponent's interval carried to the target: the same quantile as exponent_ci
+        half = out["quantile"] * se_b * abs(shift)
         out["factor_interval"] = [math.exp(b * shift - half), math.exp(b * shift + half)]
     else:
         out["factor_interval"] = None

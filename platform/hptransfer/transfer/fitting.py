@@ -24,6 +24,26 @@ from hptransfer.transfer.optimum import OptimumFit
 # 35%), and costs κ·0.05² ≈ 2e-4 in loss at a typical κ ≈ 0.08. Assumption, stated.
 DRIFT_FLOOR = 0.05
 LEVEL = 0.95  # two-sided level of every interval a verdict is read from
+# The Birge ratio χ²/dof estimates how much the points scatter beyond their given errors; with dof
+# residual degrees of freedom it is a χ²_dof/dof draw, whose 90% range at dof 1 is ×0.004–×3.8 and at
+# dof 3 still ×0.12–×2.6. Below BIRGE_MIN_DOF it is too unstable to rescale errors by (issue 37):
+# the errors are used as given (normal quantiles) unless the points plainly contradict them — χ²
+# beyond its own 95% quantile under those errors — when the scatter wins as above. Assumption,
+# stated: the per-point se (optimum.py's bootstrap, floored at a quarter grid step) are honest.
+BIRGE_MIN_DOF = 3
+
+
+def birge_scale(chi2: float, dof: int) -> float:
+    """The factor on a weighted fit's covariance: max(1, χ²/dof) from BIRGE_MIN_DOF dof on; below,
+    only when χ² exceeds its 95% quantile under the given errors (else 1: the errors as given)."""
+    if dof <= 0:
+        return 1.0
+    if dof < BIRGE_MIN_DOF:
+        from scipy.stats import chi2 as chi2_dist
+
+        if chi2 <= float(chi2_dist.ppf(0.95, dof)):
+            return 1.0
+    return max(1.0, chi2 / dof)
 
 
 @dataclass(frozen=True)
@@ -55,7 +75,8 @@ def fit_log_linear(widths, y, se=None) -> LogLinearFit:
     """Fit y = a + b·log n. se: per-point standard errors (weights 1/se²) when all are positive.
 
     Covariance: with `se`, (XᵀWX)⁻¹ scaled by the Birge ratio max(1, χ²/dof) — the errors as given
-    unless the points scatter more than they allow (then the scatter wins: misfit, or se too small).
+    unless the points scatter more than they allow (then the scatter wins: misfit, or se too small);
+    below BIRGE_MIN_DOF residual degrees of freedom only when the misfit is plain (`birge_scale`).
     Without, the residual scale s²·(XᵀX)⁻¹ (ordinary least squares)."""
     n, y = np.asarray(widths, float), np.asarray(y, float)
     if len(n) < 2:
@@ -70,7 +91,7 @@ def fit_log_linear(widths, y, se=None) -> LogLinearFit:
     resid = y - X @ coef
     dof = len(n) - 2
     s2 = float((w * resid**2).sum() / dof)
-    scale = max(1.0, s2) if weighted else s2
+    scale = birge_scale(s2 * dof, dof) if weighted else s2
     cov = scale * np.linalg.inv((X * w[:, None]).T @ X)
     return LogLinearFit(
         float(coef[0]),
@@ -153,8 +174,8 @@ def fit_log_linear_censored(widths, y, se=None, censored=None) -> LogLinearFit:
     resid = (y - X @ theta)[pts]
     dof = int(pts.sum()) - 2
     scale = 1.0
-    if weighted and dof > 0:
-        scale = max(1.0, float(((resid / s[pts]) ** 2).sum() / dof))
+    if weighted:
+        scale = birge_scale(float(((resid / s[pts]) ** 2).sum()), dof)
     cov = scale * np.linalg.inv(H)
     return LogLinearFit(
         float(theta[0]),
@@ -181,9 +202,18 @@ def trend_of(fits: dict[int, OptimumFit], log_scale: bool) -> LogLinearFit | Non
     )
 
 
+def normal_quantile(level: float = LEVEL) -> float:
+    """The two-sided normal quantile at `level` (1.96 at 95%)."""
+    from scipy.stats import norm
+
+    return float(norm.ppf(0.5 + level / 2))
+
+
 def interval_quantile(fit: LogLinearFit, level: float = LEVEL) -> float:
     """Two-sided quantile for the fit's intervals: normal while the given errors hold (Birge ratio
-    1), Student t with the residual dof once the scatter sets the scale (or no errors were given)."""
+    1, or too few dof to estimate one), Student t with the residual dof once the scatter sets the
+    scale (or no errors were given). Every interval read off a log-linear fit (an exponent, its
+    factor at a target, a prediction) takes this one quantile."""
     from scipy.stats import norm, t
 
     p = 0.5 + level / 2

@@ -295,9 +295,13 @@ def power_law_rule(ev: Evidence, target: Target) -> RuleResult:
     - extrapolate only with ≥ 3 uncensored widths and a significant slope, |b|/b_se > 2; otherwise
       the widest uncensored optimum is used as is (µP's choice) and the notes say why;
     - the extrapolation is bounded by its prediction interval x̂ ± q·se (q: fitting's
-      interval_quantile): when that is wider than ×/÷ MAX_EXTRAPOLATION_FACTOR, the end of the
-      interval nearest the widest uncensored optimum is used — the smallest move the evidence
-      demands — with a warning. Assumption: past that width the midpoint is a guess."""
+      interval_quantile): when its half-width h exceeds log F (F = MAX_EXTRAPOLATION_FACTOR), the
+      value moves from x̂ toward the widest uncensored optimum by the excess h − log F (never past
+      it, never outside the interval), with a warning. At h = log F that is x̂ itself, so the guard
+      is continuous: a clean drift whose interval is ×/÷2.03 moves by ×1.015, not to the interval's
+      end (the earlier rule, which put a 1/width drift's 2^−13 at 2^−12, issue 37). As h grows the
+      value reaches the interval's end nearest the widest optimum, the smallest move the evidence
+      demands. Assumption: past that width the midpoint is a guess."""
     src = source_width(ev, target)
     hps = base_hps(ev, src)
     widths = sorted(ev.optima)
@@ -362,12 +366,15 @@ def _extrapolate(ev: Evidence, hp: str, widths: list[int], target_width: int) ->
             f"(95% interval {math.exp(lo):.4g}–{math.exp(hi):.4g})",
             None,
         )
-    value = math.exp(min(max(math.log(widest), lo), hi))
+    x_w = math.log(widest)
+    toward = min(abs(x_hat - x_w), half - math.log(MAX_EXTRAPOLATION_FACTOR))
+    x = x_hat - math.copysign(toward, x_hat - x_w)
+    value = math.exp(min(max(x, lo), hi))
     return (
         value,
         f"{hp}: {fit_txt} → {math.exp(x_hat):.4g} at width {target_width}, but its 95% interval "
         f"{math.exp(lo):.4g}–{math.exp(hi):.4g} is wider than ×/÷{MAX_EXTRAPOLATION_FACTOR:g}: {value:.4g} used "
-        f"(the end nearest the widest uncensored optimum {widest:.4g})",
+        f"(moved toward the widest uncensored optimum {widest:.4g} by the interval's excess, ×{math.exp(toward):.3g})",
         f"power-law: the extrapolated {hp} is uncertain by more than ×/÷{MAX_EXTRAPOLATION_FACTOR:g} at width "
         f"{target_width}; used the nearest end of its interval — add a wider proxy or seeds",
     )
