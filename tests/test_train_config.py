@@ -44,6 +44,12 @@ def test_indivisible_batch_is_refused_with_the_fix():
         deepspeed_config(_plan(), workers=5)
 
 
-def test_zero3_with_mup_is_refused():
-    with pytest.raises(PlanError, match="ZeRO-3 partitions parameters"):
-        deepspeed_config(_plan(zero_stage=3), workers=2)
+def test_zero3_with_mup_is_a_valid_deepspeed_config():
+    """µP under ZeRO-3 (issue 39): the large run trains the folded plain model, so the stage is the
+    user's choice; DeepSpeed's own parser reads it."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    plan = _plan(zero_stage=3)
+    assert plan.model.parametrization == "mup"
+    ds = DeepSpeedConfig(deepspeed_config(plan, workers=1))
+    assert ds.zero_optimization_stage == 3 and ds.zero_allow_untested_optimizer

@@ -19,15 +19,10 @@ def micro_batching(global_batch: int, workers: int, max_micro: int | None = None
 
 
 def deepspeed_config(plan: TransferPlan, workers: int, *, bf16: bool = False, max_micro_batch: int | None = None) -> dict:
-    if plan.model.parametrization == "mup" and plan.train.zero_stage == 3:
-        # ZeRO-3 replaces each parameter by a flat partition: the `infshape` that µP's MuAdamW and
-        # MuReadout read is gone from what the optimizer sees, so per-layer LRs silently fall back
-        # to SP. Refuse rather than train a different model than the one that was tuned.
-        raise PlanError(
-            "train.zero_stage=3 with parametrization=mup is refused: ZeRO-3 partitions parameters "
-            "and drops µP's infshape, so the tuned per-layer learning rates would not apply; "
-            "use zero_stage 0, 1 or 2"
-        )
+    # Every ZeRO stage, µP included: the large run trains the plan's folded, plain model with AdamW's
+    # per-parameter groups (train/plain.py: training_run; handoff/fold.py), so nothing reads µP's
+    # `infshape` once training starts, and ZeRO-3's flat partitions lose nothing (issue 39). The
+    # hand-off is gathered from the partitions (PlainRecipe._full_weights).
     micro, accum = micro_batching(plan.target.batch_size, workers, max_micro_batch)
     return {
         "train_batch_size": plan.target.batch_size,
@@ -35,7 +30,7 @@ def deepspeed_config(plan: TransferPlan, workers: int, *, bf16: bool = False, ma
         "gradient_accumulation_steps": accum,
         "gradient_clipping": plan.hps.grad_clip,  # 0: off, as in the sweep
         "zero_optimization": {"stage": plan.train.zero_stage},
-        # The optimizer is ours (MuAdamW carries µP's per-group LRs); DeepSpeed must not replace it.
+        # The optimizer is ours (AdamW with the fold's per-group LRs); DeepSpeed must not replace it.
         "zero_allow_untested_optimizer": True,
         "bf16": {"enabled": bf16},
         "steps_per_print": 10**9,
