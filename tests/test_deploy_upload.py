@@ -86,7 +86,7 @@ NEEDED = [
     "pyproject.toml",
     "search_spaces/quickstart.yaml",
     "launchers/ray_cluster.py",
-    "platform/hptransfer/spec.py",
+    "platform/hptransfer/spec/study.py",
     "platform/hptransfer/deploy/render.py",
 ]
 
@@ -209,5 +209,5 @@ def test_launcher_lists_the_upload_without_submitting(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     listed = set(r.stdout.split())
-    assert "search_spaces/quickstart.yaml" in listed and "hptransfer/spec.py" in listed
+    assert "search_spaces/quickstart.yaml" in listed and "hptransfer/spec/study.py" in listed
     assert not listed & {p for paths in DECOYS.values() for p in paths}
