@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from hptransfer.errors import SpecError
 from hptransfer.transfer.axes import axis_law
 from hptransfer.transfer.fitting import BIRGE_MIN_DOF, fit_log_linear, fit_log_linear_censored, interval_quantile
 
@@ -66,3 +67,56 @@ def test_a_birge_ratio_needs_degrees_of_freedom():
 
     censored = fit_log_linear_censored([*three, 1600], [*mild(three), mild([1600])[0]], [0.1] * 4, [None, None, None, "lower"])
     assert censored.dof == 1 and censored.scale == 1.0
+
+
+# --- one width: transfer along horizon and batch at the target's own width (issue 37, item 5) -----
+
+GRID = [2.0 ** (-k / 2) for k in range(6, 30)]  # ×√2 apart: half a grid step is 2^0.25
+
+
+@pytest.mark.parametrize(
+    ("axis", "arm", "base", "target", "exponent"),
+    [
+        ("steps", [25, 50, 100, 200], 100, 800, -0.5),  # 8× longer: ν* ∝ steps^−½
+        ("batch_size", [8, 16, 32, 64], 32, 256, 0.5),  # 8× the batch: ν* ∝ √B
+    ],
+)
+def test_a_table_at_the_targets_width_transfers_along_one_axis(axis, arm, base, target, exponent):
+    """Bjorck et al.'s setting: the target's size itself tuned on shorter runs (or smaller batches),
+    3 seeds, 0.3% loss noise, no width ladder. The law along the axis is fitted and carried 8× past
+    the swept values; the optimum there is recovered within half a grid step."""
+    from hptransfer.transfer.engine import make_plan, standalone_spec
+    from hptransfer.transfer.synthetic import synthetic_axes_sweep
+
+    bases = {"steps": 100, "batch_size": 32, "depth": 2}
+    assert bases[axis] == base
+    df = synthetic_axes_sweep(
+        [256], GRID, base=bases, arms={axis: arm}, exponents={axis: exponent}, nu0=2**-8, noise=0.0066, seeds=(0, 1, 2)
+    )
+    kw = {"target_steps": target} if axis == "steps" else {"target_batch_size": target}
+    plan = make_plan(standalone_spec(df, rule="mup", target_width=256, model={"family": "mlp"}, **kw), df)
+    truth = 2**-8 * (target / base) ** exponent
+    assert abs(math.log2(plan.hyperparameters["lr"] / truth)) < 0.25, (plan.hyperparameters["lr"], truth)
+    law = plan.axes["laws"][axis]
+    assert law["verdict"] == "fitted" and law["values"] == arm
+    assert law["exponent_ci"][0] < exponent < law["exponent_ci"][1]
+
+
+def test_one_width_is_refused_only_when_the_target_is_wider():
+    from hptransfer.errors import ResultsError
+    from hptransfer.spec import parse_spec
+    from hptransfer.transfer.engine import standalone_spec
+    from hptransfer.transfer.synthetic import synthetic_axes_sweep
+
+    from conftest import tiny_spec_dict
+
+    bases = {"steps": 100, "batch_size": 32, "depth": 2}
+    df = synthetic_axes_sweep([256], GRID, base=bases, arms={"steps": [50, 100, 200]}, exponents={"steps": -0.5})
+    with pytest.raises(ResultsError, match=r"only one width \(\[256\]\).*set the target's width to 256"):
+        standalone_spec(df, rule="mup", target_width=1024, model={"family": "mlp"})
+    # A study spec: one swept width is the target's own, or refused naming both fields.
+    one = tiny_spec_dict(sweep={"widths": [64], "axes": {"width": 64, "steps": [6, 24]}}, target={"width": 64})
+    assert parse_spec(one).sweep.widths == [64]
+    with pytest.raises(SpecError) as e:
+        parse_spec(tiny_spec_dict(sweep={"widths": [32]}, target={"width": 64}))
+    assert "sweep.widths" in str(e.value) and "need at least 2 widths" in str(e.value) and "equal to target.width" in str(e.value)

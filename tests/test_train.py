@@ -150,56 +150,30 @@ def test_killed_workers_restart_then_stop_and_the_run_continues_with_resume(unin
     assert metrics["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-3)
 
 
-def test_zero3_trains_a_mup_plan_as_zero1_does_and_hands_off_the_full_weights(ray_local, tmp_path):
-    """µP under ZeRO-3 (issue 39): the same plan and seed on 2 workers under ZeRO-1 and ZeRO-3 — the
-    second partitions every parameter, gradient and optimizer state — give the same per-step losses
-    (within 1e-3 relative: the reductions differ in order), and the ZeRO-3 hand-off, gathered from
-    the partitions, reproduces its validation loss in plain transformers."""
+def test_zero3_trains_a_mup_plan_as_zero1_does_and_hands_off_the_full_weights(uninterrupted, tmp_path):
+    """µP under ZeRO-3 (issue 39): the uninterrupted run's plan and seed (2 workers, ZeRO-1, checkpoints
+    every 5 steps) again under ZeRO-3 — which partitions every parameter, gradient and optimizer state
+    — gives the same per-step losses (within 1e-3 relative: the reductions differ in order), and its
+    hand-off, gathered from the partitions (µP's readout multiplier folded into lm_head), reproduces
+    its validation loss in plain transformers."""
     from transformers import AutoModelForCausalLM
 
     from hptransfer.data import load_corpus
     from hptransfer.models import evaluate
 
-    runs = {}
-    for stage in (1, 3):
-        base = _plan(zero_stage=stage, checkpoint_every=0, eval_every=10)
-        plan = base.model_copy(update={"target": base.target.model_copy(update={"steps": 10})})
-        assert plan.model.parametrization == "mup"
-        root = tmp_path / f"zero{stage}"
-        metrics = run_train(plan, root)
-        assert metrics["status"] == "ok" and metrics["step"] == 10
-        written = json.loads((root / "train" / "train_metrics.json").read_text())
-        assert written["deepspeed_config"]["zero_optimization"]["stage"] == stage
-        runs[stage] = (root, metrics, [h["train_loss"] for h in written["history"]])
-    (_, m1, l1), (root3, m3, l3) = runs[1], runs[3]
-    assert len(l1) == len(l3) == 10 and l1[-1] < l1[0] - 0.3  # it trains: equal flat curves would prove nothing
+    out1, m1 = uninterrupted
+    plan = _plan(zero_stage=3)
+    assert plan.model.parametrization == "mup"
+    m3 = run_train(plan, tmp_path)
+    assert m3["status"] == "ok" and m3["step"] == STEPS
+    written = json.loads((tmp_path / "train" / "train_metrics.json").read_text())
+    assert written["deepspeed_config"]["zero_optimization"]["stage"] == 3
+    l1 = [h["train_loss"] for h in json.loads((out1 / "train_metrics.json").read_text())["history"]]
+    l3 = [h["train_loss"] for h in written["history"]]
+    assert len(l1) == len(l3) == STEPS and l1[-1] < l1[0] - 0.3  # it trains: equal flat curves would prove nothing
     assert max(abs(a - b) / abs(a) for a, b in zip(l1, l3)) < 1e-3, (l1, l3)
     assert m3["val_loss"] == pytest.approx(m1["val_loss"], rel=1e-3)
     val = load_corpus(plan.data.val_fraction, plan.data.max_files).val_batches(plan.data.eval_batches, 8, 32)
-    plain = AutoModelForCausalLM.from_pretrained(root3 / "train" / "hf_model").eval()
-    assert plain.lm_head.weight.shape == (plan.model.vocab, 128)
-    assert evaluate(plain, val) == pytest.approx(m3["val_loss"], rel=1e-4)
-
-
-def test_zero3_handoff_holds_the_full_weights(ray_local, tmp_path):
-    """ZeRO-3 partitions every parameter across the 2 workers: the hand-off gathers them, so plain
-    transformers reproduces the run's validation loss (an SP model with a readout multiplier to fold)."""
-    from transformers import AutoModelForCausalLM
-
-    from hptransfer.data import load_corpus
-    from hptransfer.models import evaluate
-
-    base = _plan(zero_stage=3, checkpoint_every=0, eval_every=10)
-    plan = base.model_copy(
-        update={
-            "model": base.model.model_copy(update={"parametrization": "sp"}),
-            "target": base.target.model_copy(update={"steps": 10}),
-            "hyperparameters": {**base.hyperparameters, "output_mult": 2.0},  # a readout multiplier to fold
-        }
-    )
-    metrics = run_train(plan, tmp_path)
-    assert metrics["status"] == "ok" and metrics["step"] == 10
-    val = load_corpus(plan.data.val_fraction, plan.data.max_files).val_batches(plan.data.eval_batches, 8, 32)
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "train" / "hf_model").eval()
     assert plain.lm_head.weight.shape == (plan.model.vocab, 128)
-    assert evaluate(plain, val) == pytest.approx(metrics["val_loss"], rel=1e-4)
+    assert evaluate(plain, val) == pytest.approx(m3["val_loss"], rel=1e-4)

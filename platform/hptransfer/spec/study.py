@@ -155,7 +155,9 @@ def parse_spec(data: Any, source: str = "<spec>") -> StudySpec:
     if not isinstance(data, dict):
         raise SpecError(source, [Problem("", "the spec must be a YAML mapping", type(data).__name__)])
     try:
-        return StudySpec.model_validate(data)
+        target = data.get("target")
+        width = target.get("width") if isinstance(target, dict) else None
+        return StudySpec.model_validate(data, context={"target_width": width})
     except ValidationError as e:
         raise SpecError(source, problems_from_validation(e, allowed_keys=_allowed_keys)) from None
 

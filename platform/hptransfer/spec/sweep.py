@@ -7,7 +7,7 @@ import itertools
 import math
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from hptransfer.hyperparameters import LOG_SCALE, TUNABLE
 from hptransfer.spec.base import MAX_SEED, MAX_STEPS, MAX_WIDTH, Precision, _check_hps, _Strict
@@ -157,9 +157,14 @@ class SweepSpec(_Strict):
 
     @field_validator("widths")
     @classmethod
-    def _increasing(cls, v: list[int]) -> list[int]:
-        if len(v) < 2:
-            raise ValueError(f"need at least 2 widths to see a trend, got {v}")
+    def _increasing(cls, v: list[int], info: ValidationInfo) -> list[int]:
+        # One width only when it is the target's own (parse_spec passes target.width as context):
+        # no width transfer, the sweep.axes arms carry the plan (issue 37).
+        if len(v) < 2 and not (len(v) == 1 and (info.context or {}).get("target_width") == v[0]):
+            raise ValueError(
+                f"need at least 2 widths to see a trend, got {v}; or one width equal to target.width to transfer "
+                "along steps, batch or depth only (sweep.axes)"
+            )
         if any(w <= 0 for w in v):
             raise ValueError(f"widths must be positive, got {v}")
         if any(b <= a for a, b in itertools.pairwise(v)):

@@ -66,7 +66,7 @@ def make_plan(
     """`dp_evidence`: rule `dp` only, the study's DP sweep as `dp.plan.DPEvidence` (its measured batch
     and LR rules); None: the unmeasured ones."""
     tuned = list(spec.sweep.grid)
-    results = check_results(results, tuned)
+    results = check_results(results, tuned, target_width=spec.target.width)
     # The width ladder is the rows at the base (steps, batch_size, depth); the rest are axis arms.
     base = {"steps": spec.sweep.steps, "batch_size": spec.sweep.batch_size, "depth": spec.model.depth}
     full = axis_columns(results, base)

@@ -28,13 +28,20 @@ from hptransfer.transfer.optimum import OptimumFit, fit_optimum
 STATUSES = {"ok", "diverged", "failed", "stopped"}
 
 
-def check_results(results: pd.DataFrame, tuned: list[str], source: str = "results") -> pd.DataFrame:
+def check_results(
+    results: pd.DataFrame, tuned: list[str], source: str = "results", target_width: int | None = None
+) -> pd.DataFrame:
     """Validate a results table against the contract and return a normalised copy.
 
     Contract: one row per trial; `width` (int), one column per tuned hyperparameter, `seed`,
     `val_loss` (NaN when not ok), `status` in {ok, diverged, failed, stopped}; extra columns are
     ignored. A missing `seed` column means one seed (0). An `ok` row with a non-finite loss
-    diverged (NaN/inf loss is what divergence looks like)."""
+    diverged (NaN/inf loss is what divergence looks like).
+
+    One width is enough when it is `target_width` itself (issue 37: Bjorck et al.'s setting, the
+    target's size tuned on shorter horizons or smaller batches): width is then not transferred, and
+    the table's steps/batch/depth arms carry the plan to the target; a width trend is needed only to
+    go wider."""
     problems = []
     df = results.reset_index(drop=True)  # a concatenated table may repeat index labels
     if "seed" not in df.columns:
@@ -107,10 +114,15 @@ def check_results(results: pd.DataFrame, tuned: list[str], source: str = "result
             f"no trial has status ok and a finite val_loss (statuses: "
             f"{df['status'].value_counts().to_dict()}); fix the sweep (lower the LR grid) and rerun"
         )
-    elif good["width"].nunique() < 2:
+    elif good["width"].nunique() < 2 and good["width"].iloc[0] != target_width:
         problems.append(
             f"only one width ({good['width'].unique().tolist()}) has a finite loss; transfer needs "
             "a trend: sweep at least 2 widths (3+ to judge drift)"
+            + (
+                f", or set the target's width to {int(good['width'].iloc[0])} to transfer along steps, batch or depth only"
+                if target_width is not None
+                else ""
+            )
         )
     if problems:
         raise ResultsError(source, problems)
@@ -267,7 +279,7 @@ def standalone_spec(
                 f"{sorted(TUNABLE)} (e.g. rename `learning_rate` to `lr`)"
             ],
         )
-    df = check_results(results, tuned, source)
+    df = check_results(results, tuned, source, target_width=target_width)
     model = dict(model or {})
     defaults = {"steps": proxy_steps, "batch_size": proxy_batch_size, "depth": int(model.get("depth", 2))}
     base = base_point(df, defaults)
