@@ -16,6 +16,11 @@ Where α ≠ 1 in our models:
   q, so f = scaling / the architecture's default is folded into the query projection (weight and
   bias). A fused QKV projection (GPT-2's `c_attn`, GPT-NeoX's `query_key_value`) holds q, k and v in one
   tensor, and a per-parameter multiplier cannot scale a third of it: refused, with what to do.
+  A query norm after the projection (`q_norm`: Qwen3 per head, OLMo2 over all heads, Gemma3) would
+  normalise a factor in q_proj away, so f goes on the norm's gain instead, where the gain multiplies
+  its output elementwise (Qwen3, OLMo2: weight · RMSNorm(q); rotary embeddings come after it and are
+  linear): gain × f, LR × f, weight decay / f, ε / f, and q_proj keeps α = 1. Gemma3's gain enters
+  as (1 + weight), which no per-parameter scale turns into f × the output: refused, with what to do.
 µP's own per-parameter LR and weight decay (MuAdamW: hidden matrices lr/m, wd·m, or wd unchanged
 under `mup-standard-wd`) are read off the optimizer the large run builds and multiplied in.
 
@@ -59,6 +64,13 @@ def _fused_query(module: nn.Module) -> bool:
     return not isinstance(getattr(module, "q_proj", None), nn.Linear)
 
 
+QUERY_NORMS = ("q_norm", "q_layernorm", "query_norm")  # a norm on the queries after their projection
+
+
+def _query_norm(module: nn.Module) -> nn.Module | None:
+    return next((m for a in QUERY_NORMS if isinstance(m := getattr(module, a, None), nn.Module)), None)
+
+
 def _default_scalings(model: nn.Module) -> dict[str, float]:
     from hptransfer.models.handoff import _default_scalings as defaults
 
@@ -86,6 +98,7 @@ def fold(model: nn.Module, optimizer: torch.optim.Optimizer, lr: float, weight_d
     `optimizer`: the optimizer hptransfer would train `model` with (MuAdamW's groups carry µP's LR
     scaling); `weight_decay_mults`: id(param) → its weight decay relative to the global value (read
     from an optimizer built with weight_decay 1, so it is defined when the plan's is 0)."""
+    from hptransfer.models.depth import plain_gain
     from hptransfer.models.handoff import _query_rows, readout_record, readout_scale
 
     lr_of = {id(p): g["lr"] / lr for g in optimizer.param_groups for p in g["params"]}
@@ -107,6 +120,7 @@ def fold(model: nn.Module, optimizer: torch.optim.Optimizer, lr: float, weight_d
     alpha = dict.fromkeys(named, 1.0)
     alpha[f"{head_name}.weight"] = alpha_head
     attn: dict[str, float] = {}
+    query_norms: list[str] = []
     defaults = _default_scalings(model)
     for name, module in model.named_modules():
         if name not in defaults:
@@ -120,12 +134,24 @@ def fold(model: nn.Module, optimizer: torch.optim.Optimizer, lr: float, weight_d
                 "values, so the attention scale cannot be folded into a per-parameter multiplier for another trainer; "
                 "use a family with a separate q_proj (llama, qwen2, mistral), or attn_scale: 1/sqrt(d) with a fixed head_dim"
             )
-        proj, _ = _query_rows(module)
+        qnorm = _query_norm(module)
+        if qnorm is not None and not plain_gain(qnorm):
+            family = type(model).__name__.removesuffix("ForCausalLM")
+            raise NotImplementedError(
+                f"model.attn_scale=1/d on {family}: {type(module).__name__}'s q_norm ({type(qnorm).__name__}) normalises "
+                "the queries after q_proj, which removes an attention scale folded into q_proj, and its gain enters as "
+                "(1 + weight), so the scale cannot be moved onto it as a per-parameter multiplier either; use "
+                "attn_scale: 1/sqrt(d) with a fixed head_dim (model.head_dim, no n_heads), or a family whose q_norm is "
+                "a plain gain (qwen3, olmo2) or that has none (llama, qwen2, mistral)"
+            )
+        proj = qnorm if qnorm is not None else _query_rows(module)[0]  # the last linear map on q before the logits
         pname = next(n for n, m in model.named_modules() if m is proj)
         for attr in ("weight", "bias"):
             if getattr(proj, attr, None) is not None:
                 alpha[f"{pname}.{attr}"] = f
         attn[name] = f
+        if qnorm is not None:
+            query_norms.append(pname)
 
     twin = _plain_twin(model, untie)
     state = {n: (p.detach().double() * alpha[n]).to(p.dtype) if alpha[n] != 1.0 else p.detach().clone() for n, p in named.items()}
@@ -143,6 +169,11 @@ def fold(model: nn.Module, optimizer: torch.optim.Optimizer, lr: float, weight_d
         a = alpha[n]
         mults[n] = (lr_of[id(src)] * a, weight_decay_mults[id(src)] / a, eps_of[id(src)] / a)
     notes = []
+    if query_norms:
+        notes.append(
+            f"µP's attention scale is folded into the query norms' gains ({query_norms[0]}, ...), not into q_proj: "
+            "the norm after q_proj would remove it there"
+        )
     if untie:
         notes.append(
             "the µP readout was tied to the input embedding; the folded model is untied (lm_head.weight starts at "

@@ -25,6 +25,15 @@ dense_4h_to_h) equals that layer with its initial weights (and bias) × β, LR �
 and ε / β. So the model stays a plain architecture: `build_model` scales those initial weights and
 `build_optimizer` the groups; `explicit_multipliers` puts β back into the forward pass instead, for
 the test that both forms train alike.
+
+Post-branch norms. OLMo2 and Gemma2/3 normalise each branch's output after its last linear layer
+(h + RMSNorm(F(h)) with `post_attention_layernorm` and `post_feedforward_layernorm`; OLMo2 has no
+pre-norm at all), and a norm removes any scale folded into the layer before it: there β goes on the
+post-branch norm instead. That is exact only where the norm's gain multiplies its output elementwise
+(OLMo2: weight · RMSNorm(x), so β·norm(x) is the norm with gain β·weight, and the fold's lr × β,
+wd / β, ε / β apply to the gain). Gemma's gain enters as (1 + weight), which no per-parameter scale
+turns into β × the output: refused, with what to use instead. `plain_gain` tells the two apart by
+what the norm computes, not by its class name.
 """
 
 from __future__ import annotations
@@ -45,6 +54,11 @@ BLOCK = re.compile(r"(?:^|\.)(?:layers|h)\.\d+\.")
 BRANCH_OUTPUT = re.compile(
     r"(?:^|\.)(?:layers|h)\.\d+\.(?:self_attn\.o_proj|mlp\.down_proj|attn\.c_proj|mlp\.c_proj|attention\.dense|mlp\.dense_4h_to_h)$"
 )
+BLOCK_MODULE = re.compile(r"(?:^|\.)(?:layers|h)\.\d+$")
+# Norms applied to a branch's output, before the residual add: (after attention, after the MLP). A block
+# is recognised by its MLP-side name, which has no other meaning (Llama's `post_attention_layernorm` is
+# the MLP's pre-norm; beside a `post_feedforward_layernorm` it is the attention's post-norm).
+POST_BRANCH_NORMS = (("post_attention_layernorm", "post_feedforward_layernorm"),)
 
 
 @dataclass(frozen=True)
@@ -81,8 +95,60 @@ def depth_scaling(spec: Any, depth: int | None = None) -> DepthScaling | None:
     return DepthScaling(ALPHA[name], depth / base)
 
 
+@torch.no_grad()
+def plain_gain(norm: nn.Module) -> bool:
+    """Whether `norm`'s output is its gain (and bias) times something that does not depend on them,
+    so that scaling the gain (and bias) by c scales the output by c: weight · RMSNorm(x) (Llama, OLMo2,
+    Qwen3) or LayerNorm, not Gemma's (1 + weight) · RMSNorm(x). Probed on the norm's own forward with
+    stand-in parameters (any device, meta included; the norm is not changed)."""
+    w = getattr(norm, "weight", None)
+    if not isinstance(w, torch.Tensor) or w.ndim != 1:
+        return False
+    g, cpu = torch.Generator().manual_seed(0), {"dtype": torch.float64, "device": "cpu"}  # cpu also under a meta-device context
+    params = {"weight": torch.rand(w.shape[0], generator=g, **cpu) + 0.5}
+    if isinstance(getattr(norm, "bias", None), torch.Tensor):
+        params["bias"] = torch.randn(w.shape[0], generator=g, **cpu)
+    x = torch.randn(3, w.shape[0], generator=g, **cpu)
+    try:
+        y1 = torch.func.functional_call(norm, params, (x,))
+        y2 = torch.func.functional_call(norm, {k: 2 * v for k, v in params.items()}, (x,))
+    except Exception:  # a norm that cannot run on stand-ins: not known to be a plain gain
+        return False
+    return bool(torch.allclose(y2.double(), 2 * y1.double(), rtol=1e-5, atol=1e-7))
+
+
+def _post_branch_norms(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
+    """The post-branch norms of every block when the model has them (two per block), else None;
+    raises where one is not a plain gain."""
+    found = []
+    for name, block in model.named_modules():
+        if not BLOCK_MODULE.search(name):
+            continue
+        pair = next((p for p in POST_BRANCH_NORMS if isinstance(getattr(block, p[1], None), nn.Module)), None)
+        if pair is None:
+            continue
+        for attr in pair:
+            norm = getattr(block, attr)
+            if not plain_gain(norm):
+                family = type(model).__name__.removesuffix("ForCausalLM")
+                raise NotImplementedError(
+                    f"depth_parametrization on {family}: its blocks normalise each branch's output after o_proj/down_proj "
+                    f"({' and '.join(pair)}, {type(norm).__name__}), which removes a branch multiplier folded into those "
+                    "layers, and the norm's gain enters as (1 + weight), so the multiplier cannot be moved onto it as a "
+                    "per-parameter scale either; use depth_parametrization: none (with the target at the ladder's depth), "
+                    "or a family whose branches end in their output projection (llama, qwen2, qwen3, mistral) or in a "
+                    "plain-gain post-norm (olmo2)"
+                )
+            found.append((f"{name}.{attr}" if name else attr, norm))
+    return found or None
+
+
 def branch_outputs(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The last linear layer of every residual branch (two per block)."""
+    """The last layer of every residual branch (two per block) whose output the residual stream adds:
+    the branch's last linear layer, or its post-branch norm where the block has one (OLMo2)."""
+    post = _post_branch_norms(model)
+    if post is not None:
+        return post
     found = [(n, m) for n, m in model.named_modules() if BRANCH_OUTPUT.search(n)]
     if not found:
         raise NotImplementedError(
@@ -94,7 +160,8 @@ def branch_outputs(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 @torch.no_grad()
 def scale_branch_init(model: nn.Module, s: DepthScaling) -> None:
-    """The fold's initial weights: each branch's output layer × β (weight and bias)."""
+    """The fold's initial weights: each branch's output layer (or post-branch norm gain) × β (weight
+    and bias)."""
     for _, module in branch_outputs(model):
         module.weight.mul_(s.branch)
         if getattr(module, "bias", None) is not None:
