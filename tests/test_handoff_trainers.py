@@ -402,3 +402,42 @@ def test_a_query_scaled_apart_unfuses_torchtitan_and_is_refused_by_megatrons_fus
     assert any("unfused wq/wk/wv" in n for n in res.notes)
     assert any("linear_qkv" in n and "cannot express" in n for n in res.notes)
     assert "model.layers.*.self_attn.q_proj.weight" in res.files["megatron"].read_text()
+
+
+@pytest.mark.slow
+def test_a_trainer_file_whose_optimizer_breaks_the_adamw_semantics_is_refused(handoff, tmp_path):
+    """Each written file's check probes the optimizer its trainer builds from it (handoff/semantics.py):
+    the file as written passes; edited to the variant a user might reach for — torch.optim.Adam
+    (L2 decay) in the torch files, torchtitan's "Adam", Megatron's decoupled_weight_decay False —
+    the check raises naming weight_decay, with the groups themselves unchanged."""
+    from hptransfer.handoff.to_megatron import _megatron_model, check_megatron, megatron_groups
+    from hptransfer.handoff.to_torch import _check_torch_file
+    from hptransfer.handoff.to_torchtitan import check_torchtitan, torchtitan_values
+
+    d, res = handoff
+    spec = OptimizerSpec.model_validate(OPTIMIZER)
+    assert spec.adamw.weight_decay == "decoupled-times-group-lr"
+
+    def edited(path: Path, old: str, new: str) -> Path:
+        text = path.read_text()
+        assert text.count(old) == 1, (path.name, old)
+        out = tmp_path / path.parent.name / path.name
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(text.replace(old, new))
+        return out
+
+    want = expected(tiny_llama())
+    for f in (res.files["hf_trainer"], res.files["deepspeed"]):
+        _check_torch_file(f, want, spec, d / "model")
+        with pytest.raises(RuntimeError, match="weight_decay: the trainer's optimizer has 'l2-in-gradient'"):
+            _check_torch_file(edited(f, "return torch.optim.AdamW(", "return torch.optim.Adam("), want, spec, d / "model")
+    tt, _ = torchtitan_values(want)
+    with pytest.raises(RuntimeError, match="torchtitan.*weight_decay: the trainer's optimizer has 'l2-in-gradient'"):
+        check_torchtitan(edited(res.files["torchtitan"], 'optimizer_name="AdamW"', 'optimizer_name="Adam"'), tt, spec)
+    with megatron_groups():
+        model = _megatron_model(tiny_llama().config)
+        mg = _megatron_want(model)
+        check_megatron(res.files["megatron"], mg, spec, model)
+        broken = edited(res.files["megatron"], "decoupled_weight_decay=True", "decoupled_weight_decay=False")
+        with pytest.raises(RuntimeError, match="Megatron-core.*weight_decay: the trainer's optimizer has 'l2-in-gradient'"):
+            check_megatron(broken, mg, spec, model)

@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hptransfer.handoff.semantics import AdamWSemantics
+
 OPTIMIZER_FILE = "optimizer.json"
 FORMAT_VERSION = 1
 
@@ -55,6 +57,10 @@ class OptimizerSpec(BaseModel):
     format: str = "hptransfer-optimizer"
     version: int = FORMAT_VERSION
     optimizer: str = Field("AdamW", description="torch.optim.AdamW: decoupled weight decay p ← p·(1 − lr·wd).")
+    adamw: AdamWSemantics = Field(
+        default_factory=AdamWSemantics,
+        description="The update the multipliers assume (handoff/semantics.py); each trainer file's optimizer is probed against it.",
+    )
     lr: float = Field(gt=0)
     betas: tuple[float, float]
     eps: float = Field(gt=0)

@@ -8,6 +8,7 @@ import importlib
 import math
 import socket
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from hptransfer.handoff.param_names import (
     schedule_note,
     translate,
 )
+from hptransfer.handoff.semantics import check_semantics
 from hptransfer.io import write_atomic
 
 # HF Llama name → Megatron-core GPTModel name (local spec; the TE spec fuses the norms into the
@@ -99,6 +101,7 @@ def config_overrides() -> dict:
 def optimizer_config(**kwargs) -> OptimizerConfig:
     return OptimizerConfig(
         optimizer="adam",
+        decoupled_weight_decay=True,  # AdamW: p·(1 − lr·wd), what the multipliers assume (False: L2 Adam)
         lr=LR,
         min_lr=LR * MIN_LR_RATE,
         weight_decay=WEIGHT_DECAY,
@@ -208,6 +211,11 @@ def check_megatron(path: Path, want: dict[str, Mults], spec: OptimizerSpec, mode
             groups, lr=ocfg.lr, weight_decay=ocfg.weight_decay, betas=(ocfg.adam_beta1, ocfg.adam_beta2), eps=ocfg.adam_eps
         )
         sched = mod.scheduler(opt)
+    check_semantics(
+        "Megatron-core",
+        lambda p, lr, wd, eps: megatron_adam(replace(ocfg, lr=lr, weight_decay=wd, adam_eps=eps), p),
+        (ocfg.adam_beta1, ocfg.adam_beta2),
+    )
     names = {id(p): n for n, p in model.named_parameters()}
     T, w = spec.schedule.total_steps, spec.schedule.warmup_steps
     steps = sorted({0, w // 2, w, (w + T) // 2, T - 1} & set(range(T)))
@@ -221,6 +229,27 @@ def check_megatron(path: Path, want: dict[str, Mults], spec: OptimizerSpec, mode
         bad = mismatches_tol(got, at_t)
         if bad:
             raise check_failed(f"Megatron-core (step {t})", bad)
+
+
+def megatron_adam(ocfg: Any, p: Any) -> Any:
+    """The torch-level Adam that Megatron-core's `_get_megatron_optimizer_based_on_param_groups` builds for
+    `ocfg` (its class choice and kwargs, read from megatron.core.optimizer); Megatron's FP32Optimizer
+    wrapper around it needs CUDA, and the update rule is this inner optimizer's."""
+    import megatron.core.optimizer as mo
+    import torch
+
+    kwargs = {
+        "params": [{"params": [p]}],
+        "lr": ocfg.lr,
+        "weight_decay": ocfg.weight_decay,
+        "betas": (ocfg.adam_beta1, ocfg.adam_beta2),
+        "eps": ocfg.adam_eps,
+    }
+    if ocfg.optimizer != "adam":
+        raise RuntimeError(f"Megatron-core hand-off check: optimizer {ocfg.optimizer!r} in the file, not 'adam'")
+    if mo.USING_PYTORCH_OPTIMIZER:
+        return (torch.optim.AdamW if ocfg.decoupled_weight_decay else torch.optim.Adam)(**kwargs)
+    return mo.Adam(**kwargs, adam_w_mode=ocfg.decoupled_weight_decay)
 
 
 def mismatches_tol(got: dict[str, Mults], want: dict[str, Mults]) -> list[str]:

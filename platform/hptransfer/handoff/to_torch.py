@@ -11,6 +11,7 @@ from typing import Any
 
 from hptransfer.handoff.groups import OptimizerSpec
 from hptransfer.handoff.param_names import Mults, check_failed, hf_meta_model, importable, mismatches
+from hptransfer.handoff.semantics import check_semantics, one_param_module
 from hptransfer.io import write_atomic, write_json
 from hptransfer.layout import DEEPSPEED_CONFIG_FILE
 
@@ -167,12 +168,22 @@ def deepspeed_config(spec: OptimizerSpec) -> dict[str, Any]:
 
 def _check_torch_file(path: Path, want: dict[str, Mults], spec: OptimizerSpec, model_dir: Path) -> None:
     """Import the written file and build its optimizer and scheduler on DIR/model's architecture
-    (meta device): every parameter's lr/wd/eps, and the LR factor at every step, against ours."""
+    (meta device): every parameter's lr/wd/eps, and the LR factor at every step, against ours; and the
+    optimizer its `build_optimizer` makes, probed for optimizer.json's AdamW semantics."""
     model = hf_meta_model(__import__("transformers").AutoConfig.from_pretrained(model_dir))
     with importable(path.parent, path.stem):
         mod = importlib.import_module(path.stem)
         opt = mod.build_optimizer(model, json.loads(spec.model_dump_json()))
         sched = mod.build_scheduler(opt, json.loads(spec.model_dump_json()))
+        unit = [{"pattern": "w", "lr_mult": 1.0, "wd_mult": 1.0, "eps_mult": 1.0}]
+        base = json.loads(spec.model_dump_json())
+        check_semantics(
+            path.name,
+            lambda p, lr, wd, eps: mod.build_optimizer(
+                one_param_module(p), {**base, "lr": lr, "weight_decay": wd, "eps": eps, "param_groups": unit}
+            ),
+            spec.betas,
+        )
     names = {id(p): n for n, p in model.named_parameters()}
     # LambdaLR has already scaled "lr" by the step-0 factor; "initial_lr" is the group's peak.
     got = {names[id(p)]: (g["initial_lr"], g["weight_decay"], g["eps"]) for g in opt.param_groups for p in g["params"]}

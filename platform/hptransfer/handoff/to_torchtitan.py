@@ -19,6 +19,7 @@ from hptransfer.handoff.param_names import (
     schedule_note,
     translate,
 )
+from hptransfer.handoff.semantics import check_semantics, one_param_module
 from hptransfer.io import write_atomic
 
 # HF Llama name → torchtitan llama3 name: torchtitan's own Llama3StateDictAdapter.from_hf_map
@@ -245,6 +246,13 @@ def check_torchtitan(path: Path, want: dict[str, Mults], spec: OptimizerSpec) ->
     bad = mismatches(got, want)
     if bad:
         raise check_failed("torchtitan", bad)
+
+    def make(p, lr, wd, eps):  # the file's optimizer setup (its factory and implementation) on one parameter
+        group = config.optimizer.param_groups[0]
+        one = replace(group, pattern="w", optimizer_kwargs={**group.optimizer_kwargs, "lr": lr, "weight_decay": wd, "eps": eps})
+        return OptimizersContainer(replace(config.optimizer, param_groups=[one]), model_parts=[one_param_module(p)])
+
+    check_semantics("torchtitan", make, spec.betas)
     scheds = config.lr_scheduler.build(optimizers=container, training_steps=config.training.steps)
     lam = scheds.schedulers[0].lr_lambdas[0]
     w = spec.schedule.warmup_steps
