@@ -62,8 +62,8 @@ def test_hpt_transfer_recovers_known_laws_far_beyond_the_ladder(tmp_path):
         lo, hi = laws[a]["exponent_ci"]
         assert lo < b < hi and hi - lo < 0.4
     assert plan.axes["base"] == BASE and plan.model.depth == 16
-    # The √B heuristic is not applied on top of the fitted batch law.
-    assert "adam-sqrt-batch-lr" not in [h["name"] for h in plan.heuristics]
+    # The rule's batch heuristic is not applied on top of the fitted batch law.
+    assert "adam-batch-lr" not in [h["name"] for h in plan.heuristics]
     for a in ("steps", "batch_size", "depth"):
         assert set(laws[a]["baselines"]) == {"deepseek", "step_law"}
 

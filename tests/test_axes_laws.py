@@ -120,3 +120,40 @@ def test_one_width_is_refused_only_when_the_target_is_wider():
     with pytest.raises(SpecError) as e:
         parse_spec(tiny_spec_dict(sweep={"widths": [32]}, target={"width": 64}))
     assert "sweep.widths" in str(e.value) and "need at least 2 widths" in str(e.value) and "equal to target.width" in str(e.value)
+
+
+# --- priors as partials at the arm's held quantity (issue 37, item 2) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("steps", "batch", "want_exponent_of_8"),
+    [
+        (96, 256, 0.5 - 0.125),  # batch ×8 at fixed steps: √B at fixed samples plus 8× the tokens
+        (768, 32, -0.125),  # steps ×8 at fixed batch: the horizon prior alone
+        (12, 256, 0.5),  # batch ×8, steps ÷8: the same samples, so Malladi's √B itself
+    ],
+    ids=["batch-at-fixed-steps", "steps-at-fixed-batch", "batch-at-fixed-samples"],
+)
+def test_unswept_axes_move_the_lr_by_partials_that_compose_to_sqrt_b_at_fixed_samples(steps, batch, want_exponent_of_8):
+    """A width ladder with no arms, the target at another (steps, batch): the LR moves by the priors.
+    Written here from their sources, not read from hptransfer: Malladi's √B holds at fixed *samples*
+    (∂log η/∂log B|_D = ½), the horizon exponent at fixed batch is the assumed −0.125, so at fixed
+    steps ∂log η/∂log B|_T = ½ − 0.125 (D = T·B). Composed, a target with 8× the batch and ⅛ the
+    steps (the same samples) gets exactly √8. Before, the batch prior was ½ at fixed steps: ×8^0.625
+    there, and ×8^0.5 where 8^0.375 is due."""
+    from hptransfer.transfer.engine import make_plan, standalone_spec
+    from hptransfer.transfer.synthetic import synthetic_axes_sweep
+
+    bases = {"steps": 96, "batch_size": 32, "depth": 2}
+    df = synthetic_axes_sweep([64, 128, 256], GRID, base=bases, arms={}, exponents={}, nu0=2**-8, noise=0.0066, seeds=(0, 1))
+    spec = {"rule": "mup", "target_width": 256, "model": {"family": "mlp"}}
+    at_base = make_plan(standalone_spec(df, **spec), df).hyperparameters["lr"]
+    plan = make_plan(standalone_spec(df, **spec, target_steps=steps, target_batch_size=batch), df)
+    assert plan.hyperparameters["lr"] / at_base == pytest.approx(8**want_exponent_of_8, rel=1e-9)
+    laws = plan.axes["laws"]
+    moved = [a for a in ("steps", "batch_size") if a in laws]
+    assert all(laws[a]["verdict"] == "cannot tell" and laws[a]["basis"] == "prior" for a in moved)
+    if "batch_size" in laws:
+        assert laws["batch_size"]["prior_held"] == "N, steps"
+        record = {h["name"]: h for h in plan.heuristics}["adam-batch-lr"]  # the record says what was applied
+        assert record["factor"] == pytest.approx(laws["batch_size"]["factor"], rel=1e-12)

@@ -70,15 +70,15 @@ def test_standalone_transfer_on_a_table(tmp_path, fmt):
         "optimum by width",
         "fast transfer",
         "predicted transfer penalty",
-        "adam-sqrt-batch-lr",
+        "adam-batch-lr",
         "deepseek baseline lr",
         "plan written to",
     ):
         assert text in r.output
     plan = load_plan(out)
     assert plan.rule == "mup-independent-wd" and plan.target.width == 1024 and plan.target.batch_size == 64
-    assert plan.hyperparameters["lr"] == pytest.approx(2 * 3e-3, rel=0.25)  # batch ×4 → lr ×2
-    assert plan.hyperparameters["weight_decay"] == pytest.approx(0.05, rel=1e-9)  # η·λ held
+    assert plan.hyperparameters["lr"] == pytest.approx(4**0.375 * 3e-3, rel=0.25)  # batch ×4 at fixed steps
+    assert plan.hyperparameters["weight_decay"] == pytest.approx(0.1 / 4**0.375, rel=1e-9)  # η·λ held
     assert plan.diagnostics.fast_transfer == "undecided"  # 3 widths cannot decide it (issue 12)
     assert plan.param_group_multipliers["hidden_matrices"]["lr"] == pytest.approx(32 / 1024)
     assert plan.provenance["results_file_hash"]

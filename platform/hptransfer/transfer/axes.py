@@ -23,43 +23,20 @@ Pure: numpy, pandas and the fitting helpers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from hptransfer.transfer.fitting import fit_log_linear_censored, interval_quantile, normal_quantile
+from hptransfer.transfer.priors import PRIORS, Prior  # noqa: F401  (Prior: re-exported)
 
 AXES = ("steps", "batch_size", "depth")
 LABEL = {"steps": "horizon (steps)", "batch_size": "batch size", "depth": "depth"}
 
 
-@dataclass(frozen=True)
-class Prior:
-    exponent: float  # d log η* / d log v
-    source: str
-
-
-# The literature's exponents, used when the ladder has one value of an axis (and as the reference
-# an axis's fit is shown against). Each is an assumption outside its papers' settings.
-PRIORS = {
-    # DeepSeek LLM fits η_opt = 0.3118·C^−0.125 with C ≈ 6·N·D: at fixed N, η ∝ D^−0.125, and D ∝
-    # steps at a fixed batch. Bjorck et al. find the same sign (longer training, smaller LR) with
-    # per-model-size exponents; the smaller DeepSeek magnitude is the conservative move.
-    "steps": Prior(-0.125, "DeepSeek LLM, arXiv 2401.02954 (η ∝ C^-0.125 at fixed N); Bjorck et al., arXiv 2409.19913"),
-    # Adam's square-root scaling rule from its SDE (Malladi et al.), valid below the critical batch
-    # (McCandlish et al., arXiv 1812.06162).
-    "batch_size": Prior(0.5, "Malladi et al., arXiv 2205.10287 (Adam: η ∝ √B below the critical batch)"),
-    # Depth: the parametrization's per-layer rules carry the LR (models/depth.py: CompleteP, depth-µP keep
-    # the optimum across depth by construction); under depth_parametrization `none` this prior is an
-    # assumption, and a target deeper than the ladder is warned (engine._depth_warning).
-    "depth": Prior(
-        0.0,
-        "the depth parametrization's rules carry the LR across depth (CompleteP, arXiv 2505.01618; depth-µP, "
-        "arXiv 2310.02244); with depth_parametrization none, an assumption",
-    ),
-}
-
+# The prior exponents (partials at fixed N and the arm's held quantity: transfer/priors.py, with
+# their derivations), used when the ladder has one value of an axis and as the reference a fit is
+# shown against.
 # Baselines' exponents along each axis at fixed everything else (transfer/baselines.py):
 # DeepSeek η ∝ (6ND)^−0.125; Step Law η ∝ N^−0.713·D^0.307; D = steps·batch·seq_len, N ∝ depth.
 BASELINE_EXPONENTS = {
@@ -133,6 +110,8 @@ def axis_law(axis: str, values, x, se, censored, base_value: int, target_value: 
         "target": target_value,
         "values": [int(v) for v in values],
         "prior_exponent": prior.exponent,
+        "prior_held": prior.held,
+        "prior_range": list(prior.range),
         "prior_source": prior.source,
     }
     n_points = sum(c is None for c in censored)

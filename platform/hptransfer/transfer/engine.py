@@ -30,6 +30,7 @@ from hptransfer.transfer.axes import (
 )
 from hptransfer.transfer.baselines import baselines_for
 from hptransfer.transfer.diagnostics import diagnose, joint_sections
+from hptransfer.transfer.heuristics import BATCH_HEURISTIC
 from hptransfer.transfer.results import (  # noqa: F401  (re-exported: the table's functions live in results.py)
     ID_COLUMNS,
     STATUSES,
@@ -232,9 +233,10 @@ def _transfer_axes(spec, full, base, tuned, width_only, hps, heuristics, target_
     lr_width = width_only.hyperparameters["lr"]
     factor = math.prod(law["factor"] for law in laws.values())
     hps = {**hps, "lr": lr_width * factor}
-    # The √B heuristic is the batch law's prior: kept as the record when the batch was not swept.
+    # The rule's batch heuristic is the batch law's prior (the same exponent, transfer/priors.py): kept
+    # as the record when the batch was not swept.
     fitted = {a for a, law in laws.items() if law["basis"] == "fit"}
-    drop = {"hold-lr-wd-product"} | ({"adam-sqrt-batch-lr"} if "batch_size" in fitted else set())
+    drop = {"hold-lr-wd-product"} | ({BATCH_HEURISTIC} if "batch_size" in fitted else set())
     heuristics = [h for h in heuristics if h["name"] not in drop]
     for a, law in laws.items():
         if a != "batch_size" and law["basis"] == "prior" and law["factor"] != 1.0:

@@ -7,7 +7,9 @@ Pure functions.
 
 from __future__ import annotations
 
-import math
+from hptransfer.transfer.priors import PRIORS
+
+BATCH_HEURISTIC = "adam-batch-lr"  # the batch prior applied by a rule (the axes layer keeps it as the record)
 
 
 def adjust_for_batch_and_steps(
@@ -15,10 +17,11 @@ def adjust_for_batch_and_steps(
 ) -> tuple[dict[str, float], list[dict]]:
     """Returns new hyperparameters and one record per heuristic applied.
 
-    - Batch B → B′, Adam: LR × √(B′/B). The square-root scaling rule for adaptive methods (Malladi,
-      Lyu, Panigrahi, Arora, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms",
-      arXiv 2205.10287); paper 1 (arXiv 2510.20616) starts its DP LR search from the same rule.
-      Assumption: B′ stays below the critical batch size.
+    - Batch B → B′ at the run's own steps, Adam: LR × (B′/B)^0.375 (transfer/priors.py): the
+      square-root rule (Malladi, Lyu, Panigrahi, Arora, "On the SDEs and Scaling Rules for Adaptive
+      Gradient Algorithms", arXiv 2205.10287) holds at a fixed number of samples; at fixed steps
+      the B′/B more tokens add the horizon prior's −0.125. Paper 1 (arXiv 2510.20616) starts its DP
+      LR search from the √B rule. Assumption: B′ stays below the critical batch size.
     - When the rule holds η·λ constant (paper 3, arXiv 2510.19093: only η·λ sets the AdamW
       equilibrium ‖ΔW‖/‖W‖ ∝ √(ηλ)), weight decay moves by the inverse factor.
     - Steps T → T′: warmup_steps × T′/T, keeping the warmup *fraction* of the run (the common
@@ -26,16 +29,17 @@ def adjust_for_batch_and_steps(
       whose length scales with the run)."""
     out, notes = dict(hps), []
     if new_batch != batch:
-        k = math.sqrt(new_batch / batch)
+        b = PRIORS["batch_size"].exponent
+        k = (new_batch / batch) ** b
         out["lr"] = hps["lr"] * k
         notes.append(
             {
-                "name": "adam-sqrt-batch-lr",
+                "name": BATCH_HEURISTIC,
                 "kind": "heuristic",
                 "factor": k,
                 "applies_to": "lr",
-                "why": f"batch {batch} → {new_batch}: lr × sqrt({new_batch}/{batch})",
-                "source": "Malladi et al. 2022, arXiv 2205.10287",
+                "why": f"batch {batch} → {new_batch} at fixed steps: lr × ({new_batch}/{batch})^{b:g}",
+                "source": PRIORS["batch_size"].source,
             }
         )
         if hold_lr_wd_product and hps.get("weight_decay", 0.0) > 0:
