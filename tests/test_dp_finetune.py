@@ -66,7 +66,7 @@ def test_private_spec_reads_the_private_corpus_with_rule_dp_from_the_handoff(tmp
         ({"transfer": {"rule": "dp"}}, "transfer.rule is the pretraining ladder's rule"),
         ({"model": {"family": "mlp", "depth": 1, "head_dim": 16, "seq_len": 16}}, "needs a model with a Hugging Face form"),
         ({"dp": {**DP, "sweep": {"widths": [32, 128]}}}, "exceed target.width=64"),
-        ({"dp": {**DP, "init_from": None}}, "dp.data and dp.sweep apply to the fine-tuning regime"),
+        ({"dp": {**DP, "init_from": None}}, "dp.data, dp.sweep and dp.tuning_data apply to the fine-tuning regime"),
         ({"dp": {**DP, "sweep": {"epsilons": [0]}}}, "each ε must be > 0"),
     ],
 )
@@ -139,3 +139,87 @@ def test_hpt_run_pretrains_then_fine_tunes_privately_from_its_own_handoff(hpt_ru
     assert 0 < final["epsilon_spent"] <= final["target_epsilon"] == 8.0
     assert final["steps"] == plan.target.steps and final["batch_size"] == plan.target.batch_size
     assert "private final" in r.stdout and "ε spent" in r.stdout
+    # dp.tuning: public (the default): every DP sweep read the public pretraining corpus, its norms too;
+    # the ledger lists the one read of the private corpus, and its total is train_metrics' epsilon_total.
+    for w in (32, 64):
+        norms = json.loads((study / "private" / f"dp_sweep_w{w}" / "dp_grad_norms.json").read_text())
+        assert norms["corpus"] == "stdlib" and len(norms["norms"]) > 0
+    ledger = json.loads((study / "private" / "privacy_ledger.json").read_text())
+    assert [(e["stage"], e["data"]) for e in ledger["entries"]] == [("private large run", "prose")]
+    assert ledger["entries"][0]["epsilon"] == pytest.approx(final["epsilon_spent"], rel=1e-12)
+    assert ledger["total"]["epsilon"] == pytest.approx(sum(e["epsilon"] for e in ledger["entries"]), rel=1e-12)
+    assert final["epsilon_total"] == pytest.approx(ledger["total"]["epsilon"], rel=1e-12) and final["epsilon_total"] <= 8.0
+    assert {s["data"] for s in ledger["public_stages"]} == {"stdlib"}
+    assert "ε of the whole study" in r.stdout
+
+
+# --- dp.tuning: public (issue 38, item 1) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dp, text",
+    [
+        ({"data": None}, r"dp.tuning_data \(null: `data`\) is the private corpus \(stdlib; dp.data is null"),
+        ({"tuning_data": DP["data"]}, r"dp.tuning_data is the private corpus \(prose, dp.data\)"),
+        ({"tuning": "private"}, r"dp.tuning: private .* is not built yet; use dp.tuning: public"),
+    ],
+)
+def test_a_spec_that_would_tune_on_the_private_corpus_is_refused(dp, text):
+    with pytest.raises(SpecError, match=text):
+        parse_spec(finetune_spec_dict(**dp))
+    # a different public proxy is fine
+    parse_spec(finetune_spec_dict(tuning_data={"corpus": "stdlib", "max_files": 60}))
+
+
+def test_the_dp_sweep_reads_the_public_corpus_and_runs_with_the_private_one_deleted(tmp_path):
+    """Which corpus the tuning reads, by what it can open: the private corpus is a folder of text
+    files, the DP sweep's data (its N sequences, the norm sequences after them, the validation batches)
+    is loaded through dp/lm_task.py from `tuning_spec` with that folder deleted, and the private part's
+    spec (`private_spec`, the private run's) cannot load without it. N is the private run's."""
+    from hptransfer.dp.finetune import tuning_spec
+    from hptransfer.dp.lm_task import load_lm_task, public_sequences
+    from hptransfer.models import build_model
+    from hptransfer.models.handoff import save_handoff
+
+    private_dir = tmp_path / "private_text"
+    private_dir.mkdir()
+    for i in range(30):
+        (private_dir / f"doc{i}.txt").write_text(f"private record {i}: " + "a confidential sentence. " * 40)
+    files = {"corpus": "files", "paths": [str(private_dir / "*.txt")], "cache_dir": str(tmp_path / "cache"), "eval_batches": 2}
+    spec = parse_spec(finetune_spec_dict(data=files))
+    hf = tmp_path / "hf_model"
+    save_handoff(
+        build_model(spec.model, 32, base_width=spec.base_width, seed=0),
+        hf,
+        spec_model=spec.model,
+        width=32,
+        base_width=spec.base_width,
+    )
+
+    t = tuning_spec(spec, hf)
+    assert t.data == spec.data and t.data.corpus == "stdlib" and t.dp.dataset_size == 256 and t.transfer.rule == "dp"
+    shutil.rmtree(private_dir)
+    shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+    task = load_lm_task(t, 32)
+    assert task.sequences.shape == (256, spec.model.seq_len + 1) and task.val
+    norms_from = public_sequences(t)
+    assert norms_from is not None and len(norms_from) > 0
+    # The sequences are the public corpus's own (the stdlib's first 256), not a private record.
+    assert b"private record" not in bytes(task.sequences.flatten().tolist())
+    with pytest.raises(Exception, match="private_text|no file|match"):
+        load_lm_task(private_spec(spec, hf), 32)
+
+
+def test_the_ledger_composes_its_entries_and_names_the_private_corpus():
+    """Basic composition (Dwork & Roth, Thm 3.16), written here: ε and δ add."""
+    from hptransfer.dp.ledger import LedgerEntry, compose, finetune_ledger
+
+    spec = parse_spec(finetune_spec_dict())
+    final = {"epsilon_spent": 7.5, "delta": 1e-4, "accountant": "rdp", "sample_rate": 0.125, "steps": 8, "clip": 0.7,
+             "noise_multiplier": 0.9, "dataset_size": 256}  # fmt: skip
+    ledger = finetune_ledger(spec, final, spec.data)
+    assert [(e.stage, e.data, e.epsilon, e.delta) for e in ledger.entries] == [("private large run", "prose", 7.5, 1e-4)]
+    assert (ledger.total.epsilon, ledger.total.delta, ledger.budget_epsilon) == (7.5, 1e-4, 8.0)
+    two = compose([*ledger.entries, LedgerEntry(stage="x", data="prose", mechanism="m", epsilon=0.25, delta=1e-6)])
+    assert two.epsilon == pytest.approx(7.75, rel=1e-12) and two.delta == pytest.approx(1.01e-4, rel=1e-12)
+    assert any("validation loss" in u for u in ledger.unaccounted)  # what ε does not cover, said

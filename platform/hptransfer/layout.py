@@ -111,6 +111,7 @@ class StudyPaths:
     # folder of its own (its plan, train/, MLflow runs), with one DP sweep folder per width inside.
     private = property(lambda self: self.root / "private")
     dp_across_width = property(lambda self: self.root / "private" / "dp_across_width.json")
+    privacy_ledger = property(lambda self: self.root / "private" / "privacy_ledger.json")  # every read of private data
 
     def private_sweep(self, width: int) -> Path:
         """The DP sweep at `width` (a study folder: its dp_sweep_results.csv, dp_grad_norms.json)."""

@@ -218,8 +218,8 @@ def finished_run(study: StudyContext, plan: TransferPlan) -> dict | None:
 
 def finetune_stage(study: StudyContext, *, log=print) -> dict:
     """The fine-tuning regime's private part (`dp.init_from: pretrain`; dp/finetune.py), after the
-    pretraining large run: per DP sweep width the pretrained model and a DP sweep on the private
-    corpus from it, the across-width check, the private plan from the narrowest width's sweep, and
+    pretraining large run: per DP sweep width the pretrained model and a DP sweep on the public
+    tuning corpus from it (dp.tuning: public), the across-width check, the private plan from the narrowest width's sweep, and
     the private large run from the large run's handoff. Each step resumes: the sweeps keep their
     finished trials, pretrained models are kept, the private run continues from its checkpoint."""
     from hptransfer.dp import finetune as ft
@@ -240,8 +240,11 @@ def finetune_stage(study: StudyContext, *, log=print) -> dict:
     with study.lock():
         for w in s.widths:
             folder = ft.pretrained_model(study, pretrain_plan, w, log=log)
-            sweeps[w] = ft.sub_study(study, ft.private_spec(spec, folder), study.paths.private_sweep(w))
-            log(f"dp-sweep: width {w}, from the model pretrained at width {w} ({folder})")
+            sweeps[w] = ft.sub_study(study, ft.tuning_spec(spec, folder), study.paths.private_sweep(w))
+            log(
+                f"dp-sweep: width {w}, from the model pretrained at width {w} ({folder}), on the public tuning corpus "
+                f"{ft.tuning_corpus(spec).corpus!r} (dp.tuning: public; the private corpus is read by the private run alone)"
+            )
             tables[w] = dp_sweep_stage(sweeps[w], width=w, epsilons=s.epsilons, lrs=s.lrs, seeds=s.seeds, log=log)
         check = ft.across_width(tables, s.tolerance) if len(s.widths) > 1 else None
         if check is not None:
@@ -261,16 +264,39 @@ def finetune_stage(study: StudyContext, *, log=print) -> dict:
         log(f"private large run: already finished for this plan ({private.paths.train.metrics})")
     else:
         metrics = train_stage(private, plan, resume=True, log=log)
+    ledger = _write_ledger(study, private, spec, metrics, ft.tuning_corpus(spec))
+    metrics = {**metrics, "epsilon_total": ledger.total.epsilon}
     log(
         f"private large run: val_loss {metrics.get('val_loss')} (from {metrics.get('initial_val_loss')}), "
-        f"ε spent {metrics.get('epsilon_spent')} ≤ {metrics.get('target_epsilon')}"
+        f"ε spent {metrics.get('epsilon_spent')} ≤ {metrics.get('target_epsilon')}; ε of the whole study "
+        f"{ledger.total.epsilon:.4g} (δ {ledger.total.delta:.3g}; {study.paths.privacy_ledger})"
     )
     return {
         "plan": str(private.paths.plan),
         "train_metrics": str(private.paths.train.metrics),
         "across_width": str(study.paths.dp_across_width) if check is not None else None,
-        "final": {k: metrics.get(k) for k in ("val_loss", "initial_val_loss", "epsilon_spent", "target_epsilon")},
+        "final": {
+            k: metrics.get(k) for k in ("val_loss", "initial_val_loss", "epsilon_spent", "epsilon_total", "target_epsilon")
+        },
+        "privacy_ledger": str(study.paths.privacy_ledger),
     }
+
+
+def _write_ledger(study: StudyContext, private: StudyContext, spec: Any, final: dict, tuning: Any):
+    """private/privacy_ledger.json from the private run's final metrics, and `epsilon_total` (the
+    ledger's total) beside `epsilon_spent` in train_metrics.json's final block (both atomic)."""
+    import json
+
+    from hptransfer.dp.ledger import finetune_ledger, write_ledger
+    from hptransfer.io import write_json
+
+    ledger = finetune_ledger(spec, final, tuning)
+    write_ledger(study.paths.privacy_ledger, ledger)
+    path = private.paths.train.metrics
+    doc = json.loads(path.read_text())
+    doc["final"] = {**doc["final"], "epsilon_total": ledger.total.epsilon}
+    write_json(path, doc)
+    return ledger
 
 
 def run_study(

@@ -18,7 +18,11 @@ class DPConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    epsilon: float = Field(..., gt=0, description="Target ε of the whole fine-tuning run (ε > 0).")
+    epsilon: float = Field(
+        ...,
+        gt=0,
+        description="Target ε of the private run (ε > 0). In the fine-tuning regime under dp.tuning: public, the only read of the private data, so the whole study's ε (private/privacy_ledger.json).",
+    )
     dataset_size: int | None = Field(
         None,
         ge=1,

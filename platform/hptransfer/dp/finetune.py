@@ -6,8 +6,9 @@ own large run. `hpt run` sequences it (`pipeline.finetune_stage`), each stage re
    hands off `train/hf_model`;
 2. per DP sweep width w (`dp.sweep.widths`, default the target's): the model pretrained at w (the
    target: the large run's handoff; a narrower w: the pretraining plan trained at w in-process,
-   `pretrained_model`, µP's transferred hyperparameters hold there) and a DP sweep on the private
-   sequences starting from it — every trial of a width starts from the same pretrained model;
+   `pretrained_model`, µP's transferred hyperparameters hold there) and a DP sweep on the PUBLIC
+   tuning corpus's sequences starting from it (`tuning_spec`) — every trial of a width starts from
+   the same pretrained model;
 3. with ≥ 2 widths, the across-width check (dp/width.py): do the narrowest width's (B, C, lr) hold
    at the widest (`private/dp_across_width.json`);
 4. the private plan (rule dp) from the narrowest width's DP sweep (its measured step curve, LR law
@@ -15,9 +16,11 @@ own large run. `hpt run` sequences it (`pipeline.finetune_stage`), each stage re
    handoff; written to `private/transfer_plan.yaml`, trained by the private large run into
    `private/train/` (ε spent from Opacus' accountant, ≤ target).
 
-The private part runs on a derived spec (`private_spec`): `data` = the private corpus, rule `dp`,
-`dp.init_from` = the pretrained folder, so the DP sweep, plan and private run read the private data
-exactly as a from-scratch DP study reads `data`. Its folders (layout: `private/…`) are study folders
+The private part runs on derived specs: `tuning_spec` for the DP sweeps (`dp.tuning: public`, the
+default: `data` = the PUBLIC tuning corpus `dp.tuning_data`, else the pretraining corpus; rule `dp`,
+`dp.init_from` = the pretrained folder, N = the private run's) and `private_spec` for the private plan
+and run (`data` = the private corpus). So the private corpus is read by the private large run alone
+(and counted for N when dp.dataset_size is null); `privacy_ledger` lists that read with its ε. Its folders (layout: `private/…`) are study folders
 of their own sharing the study's MLflow tracking URI and experiment.
 """
 
@@ -66,8 +69,33 @@ def private_spec(spec: StudySpec, init_from: str | Path) -> StudySpec:
     d = spec.model_dump(mode="json", exclude_unset=False)
     d["data"] = (spec.dp.data or spec.data).model_dump(mode="json")
     d["transfer"] = {**d["transfer"], "rule": "dp"}
-    d["dp"] = {k: v for k, v in d["dp"].items() if k not in ("data", "sweep")} | {"init_from": str(init_from)}
+    d["dp"] = {k: v for k, v in d["dp"].items() if k not in FINETUNE_ONLY} | {"init_from": str(init_from)}
     return parse_spec(d, source=f"{spec.name} (private part)")
+
+
+FINETUNE_ONLY = ("data", "sweep", "tuning", "tuning_data")  # the fine-tuning regime's own dp keys
+
+
+def tuning_corpus(spec: StudySpec):
+    """The corpus the DP sweep reads under `dp.tuning: public`: dp.tuning_data, else `data`."""
+    assert spec.dp is not None and spec.dp.finetunes_pretrained
+    return spec.dp.tuning_data or spec.data
+
+
+def tuning_spec(spec: StudySpec, init_from: str | Path) -> StudySpec:
+    """The spec of the DP sweep under `dp.tuning: public`: the private part's spec with the PUBLIC
+    tuning corpus as `data`, so its trials, the noise-free arm, the per-example gradient norms (C) and
+    the selection (its validation split) never read `dp.data`. N is the private run's (dp.dataset_size
+    or the private corpus' sequence count: the size, treated as public as Opacus' q = B/N treats it),
+    so σ(B), T = E·N/B and the step curve are the private run's; the public corpus must hold N
+    sequences beyond which the norms are measured."""
+    from hptransfer.dp.lm_task import dataset_size
+
+    pspec = private_spec(spec, init_from)
+    d = pspec.model_dump(mode="json", exclude_unset=False)
+    d["data"] = tuning_corpus(spec).model_dump(mode="json")
+    d["dp"] = {k: v for k, v in d["dp"].items() if k not in FINETUNE_ONLY} | {"dataset_size": dataset_size(pspec)}
+    return parse_spec(d, source=f"{spec.name} (DP sweep on the public tuning corpus)")
 
 
 def sub_study(study: StudyContext, spec: StudySpec, root: Path) -> StudyContext:

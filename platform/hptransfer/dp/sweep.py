@@ -229,6 +229,7 @@ def _save_grad_norms(study: StudyContext, spec: StudySpec, lm, log) -> None:
     """Per-example gradient norms of the trials' starting model on public sequences (those after the
     N private ones), for the plan's clipping bound C(ε) and re-weighting diagnostic; written
     atomically to the study's dp_grad_norms.json. Skipped, with a line, when the corpus has none."""
+    from hptransfer.dp.ledger import corpus_name
     from hptransfer.dp.lm_task import per_example_grad_norms, public_sequences
     from hptransfer.io import write_json
 
@@ -239,7 +240,13 @@ def _save_grad_norms(study: StudyContext, spec: StudySpec, lm, log) -> None:
     norms = per_example_grad_norms(lm, public, seed=spec.seed)
     write_json(
         study.paths.dp_grad_norms,
-        {"norms": norms, "width": lm.width, "init_from": lm.init_from, "source": "corpus sequences after the first N"},
+        {
+            "norms": norms,
+            "width": lm.width,
+            "init_from": lm.init_from,
+            "corpus": corpus_name(spec.data),  # the fine-tuning regime's tuning corpus: public data
+            "source": "corpus sequences after the first N",
+        },
     )
     log(
         f"dp-sweep (lm): per-example gradient norms of {len(norms)} public sequences, median {sorted(norms)[len(norms) // 2]:.4g}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
@@ -69,6 +70,20 @@ class StudyDPConfig(DPConfig):
         "`{corpus: prose}`), while `data` is the public pretraining corpus. Null: `data` itself.",
     )
     sweep: DPSweepSpec = Field(DPSweepSpec(), description="init_from pretrain: the DP sweep of `hpt run`.")
+    tuning: Literal["public", "private"] = Field(
+        "public",
+        description="init_from pretrain: where the DP sweep (its trials, the noise-free arm, the per-example gradient "
+        "norms behind C and the selection) reads its data. `public`: `dp.tuning_data`, data you declare public, never "
+        "`dp.data`; the private corpus is read by the private large run alone (Ponomareva et al., 'How to DP-fy ML': "
+        "tune on public or proxy data). `private` (DP trials, a random number of them, a DP quantile for C and the "
+        "whole procedure accounted: Papernot & Steinke, ICLR 2022) is not built yet and is refused.",
+    )
+    tuning_data: DataSpec | None = Field(
+        None,
+        description="init_from pretrain, tuning public: the PUBLIC corpus the DP sweep fine-tunes on, a proxy for "
+        "`dp.data` (the closer its distribution, the better the transferred B, C and lr). Null: `data`, the public "
+        "pretraining corpus. Must differ from the private corpus.",
+    )
 
     @property
     def finetunes_pretrained(self) -> bool:

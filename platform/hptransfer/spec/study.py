@@ -93,12 +93,27 @@ class StudySpec(_Strict):
         dp, errs = self.dp, []
         assert dp is not None
         if not dp.finetunes_pretrained:
-            if dp.data is not None or "sweep" in dp.model_fields_set:
+            if dp.data is not None or "sweep" in dp.model_fields_set or dp.tuning_data is not None:
                 errs.append(
-                    "dp.data and dp.sweep apply to the fine-tuning regime (dp.init_from: pretrain: `hpt run` pretrains, "
-                    "then fine-tunes privately); set dp.init_from: pretrain or remove them"
+                    "dp.data, dp.sweep and dp.tuning_data apply to the fine-tuning regime (dp.init_from: pretrain: `hpt run` "
+                    "pretrains, then fine-tunes privately); set dp.init_from: pretrain or remove them"
                 )
             return errs
+        if dp.tuning == "private":
+            errs.append(
+                "dp.tuning: private (DP trials, a random number of them, a DP quantile for C, the whole procedure within "
+                "dp.epsilon) is not built yet; use dp.tuning: public with dp.tuning_data a public proxy of dp.data"
+            )
+        private = dp.data or self.data
+        tuning = dp.tuning_data or self.data
+        if dp.tuning == "public" and tuning.model_dump() == private.model_dump():
+            which = "dp.tuning_data" if dp.tuning_data is not None else "dp.tuning_data (null: `data`)"
+            errs.append(
+                f"{which} is the private corpus ({private.corpus}"
+                + ("; dp.data is null, so `data` itself is private" if dp.data is None else ", dp.data")
+                + "): the DP sweep would tune on the private data outside any accountant; set dp.tuning_data to a corpus "
+                "you can publish (e.g. {corpus: stdlib}), or dp.data to the private corpus"
+            )
         if self.transfer.rule == "dp":
             errs.append(
                 "dp.init_from: pretrain pretrains non-privately first: transfer.rule is the pretraining ladder's rule "
