@@ -151,6 +151,17 @@ def test_hpt_run_pretrains_then_fine_tunes_privately_from_its_own_handoff(hpt_ru
     assert final["epsilon_total"] == pytest.approx(ledger["total"]["epsilon"], rel=1e-12) and final["epsilon_total"] <= 8.0
     assert {s["data"] for s in ledger["public_stages"]} == {"stdlib"}
     assert "ε of the whole study" in r.stdout
+    from mlflow import MlflowClient
+
+    from hptransfer.layout import resolve_tracking_uri
+
+    tracking = finetune_spec_dict().get("tracking") or {}
+    client = MlflowClient(tracking_uri=resolve_tracking_uri(study, tracking.get("uri"), None))
+    exps = [e.experiment_id for e in client.search_experiments()]
+    (logged,) = client.search_runs(exps, filter_string="metrics.epsilon_total > 0")  # the private run's
+    assert logged.data.metrics["epsilon_total"] == pytest.approx(ledger["total"]["epsilon"], rel=1e-12)
+    assert logged.data.metrics["final_epsilon_spent"] == pytest.approx(final["epsilon_spent"], rel=1e-12)
+    assert "privacy_ledger.json" in [a.path for a in client.list_artifacts(logged.info.run_id)]
 
 
 # --- dp.tuning: public (issue 38, item 1) ------------------------------------------------------------

@@ -204,3 +204,27 @@ def test_not_a_folder_is_a_user_error(tmp_path):
     assert r.exit_code == 2 and "is not a folder" in r.output
     with pytest.raises(StudyError, match="not a folder"):
         study_status(tmp_path / "missing")
+
+
+def test_a_fine_tuning_study_shows_the_whole_studys_epsilon_from_its_ledger(tmp_path):
+    """`hpt status` reads private/privacy_ledger.json (dp/ledger.py's format, written here by the
+    ledger's own writer from a made-up private run): the total ε, its δ, the budget and each read of
+    private data; a ledger without its total is shown as torn, not as a number."""
+    from hptransfer.dp.ledger import finetune_ledger, write_ledger
+    from hptransfer.spec import parse_spec
+    from test_dp_finetune import finetune_spec_dict
+
+    spec_and_results(tmp_path / "s")
+    spec = parse_spec(finetune_spec_dict())
+    final = {"epsilon_spent": 7.25, "delta": 1e-4, "accountant": "rdp", "sample_rate": 0.125, "steps": 8, "clip": 0.7,
+             "noise_multiplier": 0.9, "dataset_size": 256}  # fmt: skip
+    path = write_ledger(StudyPaths(tmp_path / "s").privacy_ledger, finetune_ledger(spec, final, spec.data))
+    text, st = status(tmp_path / "s", "--no-mlflow")
+    p = st["stages"]["privacy"]
+    assert p["state"] == "done" and p["epsilon_total"] == pytest.approx(7.25, rel=1e-12)
+    assert "ε total 7.25 (δ 0.0001) of budget 8: 1 read(s) of private data (private large run); tuning public" in text
+    doc = json.loads(path.read_text())
+    del doc["total"]
+    path.write_text(json.dumps(doc))
+    _, st = status(tmp_path / "s", "--no-mlflow")
+    assert st["stages"]["privacy"]["state"] == "torn"

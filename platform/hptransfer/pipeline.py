@@ -296,6 +296,15 @@ def _write_ledger(study: StudyContext, private: StudyContext, spec: Any, final: 
     doc = json.loads(path.read_text())
     doc["final"] = {**doc["final"], "epsilon_total": ledger.total.epsilon}
     write_json(path, doc)
+    if run_id := final.get("mlflow_run_id"):  # the private run's MLflow run: the total beside epsilon_spent
+        try:
+            from mlflow import MlflowClient
+
+            client = MlflowClient(tracking_uri=private.tracking_uri)
+            client.log_metric(run_id, "epsilon_total", ledger.total.epsilon)
+            client.log_artifact(run_id, str(study.paths.privacy_ledger))
+        except Exception as e:  # the ledger on disk is the record; MLflow being down must not fail the study
+            print(f"WARNING: privacy ledger not logged to MLflow run {run_id} ({type(e).__name__}: {e})")
     return ledger
 
 

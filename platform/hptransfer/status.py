@@ -221,6 +221,19 @@ def _mlflow(paths: StudyPaths, uri: str, experiment: str) -> dict:
     return out
 
 
+def _privacy(paths: StudyPaths, ledger: dict) -> dict:
+    """The fine-tuning study's privacy ledger (dp/ledger.py): the whole study's ε, not the last run's."""
+    try:
+        t, entries = ledger["total"], ledger["entries"]
+        summary = (
+            f"ε total {t['epsilon']:.4g} (δ {t['delta']:.3g}) of budget {ledger['budget_epsilon']:g}: "
+            f"{len(entries)} read(s) of private data ({', '.join(e['stage'] for e in entries)}); tuning {ledger['tuning']}"
+        )
+    except (KeyError, TypeError) as e:
+        return _stage("torn", f"{paths.privacy_ledger.name} lacks {e}", _rel(paths, paths.privacy_ledger))
+    return _stage(DONE, summary, _rel(paths, paths.privacy_ledger), epsilon_total=t["epsilon"], delta_total=t["delta"])
+
+
 def study_status(study_dir: str | Path, *, tracking_uri: str | None = None, mlflow: bool = True) -> dict:
     paths = StudyPaths(Path(study_dir).resolve())
     if not paths.root.is_dir():
@@ -248,6 +261,8 @@ def study_status(study_dir: str | Path, *, tracking_uri: str | None = None, mlfl
     stages["plan"] = _plan(paths)
     stages["train"] = _train(paths, busy)
     stages["report"] = _stage(DONE, "", _rel(paths, paths.report_html)) if paths.report_html.exists() else _stage(MISSING)
+    if (ledger := _json(paths.privacy_ledger)) is not None:
+        stages["privacy"] = _privacy(paths, ledger)
     for key, path, fix in (
         (
             "sweep",
@@ -320,6 +335,7 @@ LABELS = {
     "plan": "plan",
     "train": "large run",
     "report": "report",
+    "privacy": "privacy",
 }
 
 
