@@ -93,7 +93,7 @@ def test_no_study_file_name_is_written_outside_layout_py():
 # Lowest first. A module may import its own layer or a lower one, never a higher one.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the core: no stage, no contract, no model
-    ("core", ("hptransfer", "errors", "io", "env", "logs", "console", "layout", "lock", "tracking")),
+    ("core", ("hptransfer", "errors", "io", "env", "logs", "console", "layout", "lock", "tracking", "preempt")),
     # what the stages agree on: the spec, the plan and the context they are handed; `architectures` and
     # `vocab` are what the spec's validation needs of the hf family and the tokenizer folder
     ("contracts", ("spec", "plan", "plan_diagnostics", "hyperparameters", "privacy", "context", "architectures", "vocab")),

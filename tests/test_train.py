@@ -177,3 +177,49 @@ def test_zero3_trains_a_mup_plan_as_zero1_does_and_hands_off_the_full_weights(un
     plain = AutoModelForCausalLM.from_pretrained(tmp_path / "train" / "hf_model").eval()
     assert plain.lm_head.weight.shape == (plan.model.vocab, 128)
     assert evaluate(plain, val) == pytest.approx(m3["val_loss"], rel=1e-4)
+
+
+def _stop_after_checkpoint(root: Path, at_least: int) -> None:
+    """Ask the run to stop, as the driver's SIGTERM handler does (train/stop_request.json), once rank 0
+    has reported a checkpoint of step ≥ at_least."""
+    from hptransfer.io import write_json
+
+    out = root / "train"
+    deadline = time.time() + 400
+    while time.time() < deadline:
+        try:
+            if json.loads((out / "progress.json").read_text()).get("checkpoint_step", 0) >= at_least:
+                write_json(out / "stop_request.json", {"signal": "SIGTERM", "time": time.time()})
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+
+
+def test_zero3_with_cpu_offload_stops_and_resumes_on_the_uninterrupted_curve(uninterrupted, tmp_path):
+    """ZeRO-3 with train.offload: cpu (optimizer states and parameters in host memory, our torch AdamW
+    stepping the CPU partitions) stopped mid-run (the driver's stop request, as on SIGTERM) and
+    continued with --resume from its partitioned checkpoint: the per-step losses before and after the
+    stop follow the ZeRO-1 uninterrupted run's within 1e-3 relative, so the partitioned optimizer state
+    (Adam moments, step count) and the data order were restored, not restarted."""
+    from hptransfer.train.runner import TrainingPreempted
+
+    out1, m1 = uninterrupted
+    plan = _plan(zero_stage=3, offload="cpu", stop_checkpoint_after_s=0)
+    watcher = threading.Thread(target=_stop_after_checkpoint, args=(tmp_path, 10), daemon=True)
+    watcher.start()
+    with pytest.raises(TrainingPreempted):
+        run_train(plan, tmp_path)
+    watcher.join(5)
+    stopped = json.loads((tmp_path / "train" / "progress.json").read_text())
+    assert stopped["status"] == "preempted" and 10 <= stopped["checkpoint_step"] < STEPS, stopped
+    m3 = run_train(plan, tmp_path, resume=True)
+    assert m3["status"] == "ok" and m3["step"] == STEPS and m3["resumed_from_step"] == stopped["checkpoint_step"]
+    written = json.loads((tmp_path / "train" / "train_metrics.json").read_text())
+    zero = written["deepspeed_config"]["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == zero["offload_param"]["device"] == "cpu"
+    l1 = [h["train_loss"] for h in json.loads((out1 / "train_metrics.json").read_text())["history"]]
+    l3 = [h["train_loss"] for h in written["history"]]
+    assert len(l3) == STEPS, len(l3)
+    assert max(abs(a - b) / abs(a) for a, b in zip(l1, l3)) < 1e-3, (l1, l3)
+    assert m3["val_loss"] == pytest.approx(m1["val_loss"], rel=1e-3)

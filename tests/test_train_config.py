@@ -53,3 +53,27 @@ def test_zero3_with_mup_is_a_valid_deepspeed_config():
     assert plan.model.parametrization == "mup"
     ds = DeepSpeedConfig(deepspeed_config(plan, workers=1))
     assert ds.zero_optimization_stage == 3 and ds.zero_allow_untested_optimizer
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_offload_to_cpu_is_read_by_deepspeed_as_offload(stage):
+    """train.offload: cpu (issue 39): DeepSpeed's own parser sees the optimizer offloaded to the CPU at
+    every stage and the parameters too at stage 3, and keeps our torch AdamW (not DeepSpeedCPUAdam)."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
+
+    ds = DeepSpeedConfig(deepspeed_config(_plan(zero_stage=stage, offload="cpu"), workers=1))
+    z = ds.zero_config
+    assert z.offload_optimizer is not None and z.offload_optimizer.device == OffloadDeviceEnum.cpu
+    assert (z.offload_param is not None and z.offload_param.device == OffloadDeviceEnum.cpu) == (stage == 3)
+    assert ds.zero_force_ds_cpu_optimizer is False
+    plain = DeepSpeedConfig(deepspeed_config(_plan(zero_stage=stage), workers=1)).zero_config
+    assert plain.offload_optimizer is None or plain.offload_optimizer.device == OffloadDeviceEnum.none
+
+
+def test_offload_without_zero_is_refused_naming_both_fields():
+    from hptransfer.errors import SpecError
+
+    with pytest.raises(SpecError) as e:
+        _plan(zero_stage=0, offload="cpu")
+    assert "train.offload='cpu'" in str(e.value) and "train.zero_stage: 1, 2 or 3" in str(e.value)

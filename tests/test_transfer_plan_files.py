@@ -19,8 +19,9 @@ from hptransfer.plan_diagnostics import Diagnostics, DriftFit, DriftVerdict, Los
 OLD = sorted((Path(__file__).parent / "data" / "old_plans").glob("*.yaml"))
 EMPTY = (None, [], {}, [None, None])
 # Fields added since, whose default is the behaviour the old plans were made under: their value is that
-# default, nothing else (depth: standard residuals; SIGTERM: a checkpoint when the last is ≥ 60 s old).
-LATER_DEFAULTS = {"depth_parametrization": "none", "stop_checkpoint_after_s": 60.0}
+# default, nothing else (depth: standard residuals; SIGTERM: a checkpoint when the last is ≥ 60 s old;
+# ZeRO: no CPU offload).
+LATER_DEFAULTS = {"depth_parametrization": "none", "stop_checkpoint_after_s": 60.0, "offload": "none"}
 
 
 def _same(raw, loaded, path="") -> list[str]:

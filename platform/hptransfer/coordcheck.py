@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hptransfer import logs
+from hptransfer import logs, preempt
 from hptransfer.hyperparameters import Hyperparameters
 from hptransfer.io import save_figure, write_json
 
@@ -91,6 +91,7 @@ def coord_check(study: StudyContext, widths: list[int] | None = None, batch_size
 
     def factory(w):
         def build():
+            sigterm.check(f"before width {w}'s model ({widths.index(w)}/{len(widths)} widths done; nothing is kept)")
             # mup builds each width's model just before its steps: one progress line per width
             logs.progress(
                 f"coord check {widths.index(w) + 1}/{len(widths)}: width {w}, {cc.steps} Adam steps "
@@ -101,19 +102,21 @@ def coord_check(study: StudyContext, widths: list[int] | None = None, batch_size
         return build
 
     torch.manual_seed(seed)
-    df = get_coord_data(
-        {w: factory(w) for w in widths},
-        batches,
-        optimizer="adam",
-        lr=cc.lr,
-        mup=m.parametrization == "mup",
-        flatten_output=True,
-        nsteps=cc.steps,
-        nseeds=1,
-        cuda=False,
-        show_progress=False,
-        filter_module_by_name=lambda name: bool(_TRACKED.search(name)),
-    )
+    with preempt.watch("coordinate check", log=logs.progress) as sigterm:
+        df = get_coord_data(
+            {w: factory(w) for w in widths},
+            batches,
+            optimizer="adam",
+            lr=cc.lr,
+            mup=m.parametrization == "mup",
+            flatten_output=True,
+            nsteps=cc.steps,
+            nseeds=1,
+            cuda=False,
+            show_progress=False,
+            filter_module_by_name=lambda name: bool(_TRACKED.search(name)),
+        )
+        sigterm.check("after its last width (nothing is kept)")
     df["module"] = df["module"].str.removeprefix("model.")
     last = df[df.t == cc.steps]
     slopes = {}

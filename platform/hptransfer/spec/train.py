@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from hptransfer.spec.base import Precision, _Strict
 
@@ -13,6 +13,12 @@ from hptransfer.spec.base import Precision, _Strict
 class TrainSpec(_Strict):
     workers: int = Field(2, ge=1, description="Ray Train workers (processes); DeepSpeed data-parallel ranks.")
     zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
+    offload: Literal["none", "cpu"] = Field(
+        "none",
+        description="ZeRO-Offload: `cpu` keeps the optimizer states (and under zero_stage 3 the parameters) in host "
+        "memory, trading step time for GPU memory. Needs zero_stage 1, 2 or 3. The optimizer stays the plan's "
+        "torch AdamW (its per-group LRs and decoupled decay are the plan), stepping on the CPU partitions.",
+    )
     cpus_per_worker: float = Field(1.0, gt=0)
     gpus_per_worker: float = Field(0.0, ge=0)
     precision: Precision = Field(
@@ -39,6 +45,15 @@ class TrainSpec(_Strict):
         "unless its newest one is younger than this (seconds; 0: always). Keep the time one checkpoint takes "
         "under the pod's grace period (deploy: terminationGracePeriodSeconds).",
     )
+
+    @model_validator(mode="after")
+    def _offload_needs_zero(self) -> TrainSpec:
+        if self.offload != "none" and self.zero_stage == 0:
+            raise ValueError(
+                f"train.offload={self.offload!r} needs ZeRO partitions to offload (train.zero_stage is 0); "
+                "set train.zero_stage: 1, 2 or 3, or train.offload: none"
+            )
+        return self
 
 
 class TrackingSpec(_Strict):

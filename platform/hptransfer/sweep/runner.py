@@ -154,7 +154,10 @@ def run_sweep_task(study: StudyContext, task: SweepTask, *, restart: bool = Fals
         if aside:
             log(f"restart: the previous sweep was moved to {aside}")
     trainable = tune.with_resources(task.trainable, task.resources)
-    with study.ray_session():
+    from hptransfer import preempt
+
+    # the watch after Ray is up: ray.init installs its own SIGTERM handler in the driver (exit 15)
+    with study.ray_session(), preempt.watch("sweep", log=log, tune=True) as sigterm:
         import ray
 
         check_resources(task.resources, ray.cluster_resources(), {"cpu": "cpus_per_trial", "gpu": "gpus_per_trial"})
@@ -196,13 +199,18 @@ def run_sweep_task(study: StudyContext, task: SweepTask, *, restart: bool = Fals
                     name=task.experiment,
                     storage_path=str(exp_dir.parent),
                     verbose=0,
-                    callbacks=[_progress_callback(task)],
+                    callbacks=[_progress_callback(task), preempt.tune_forwarder()],
                     failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
                 ),
             )
         log(f"sweep: {task.total} trials (" + " × ".join(f"{len(v)} {k}" for k, v in task.axes.items()) + task.note + ")")
         _ANNOUNCED.discard(task.experiment)
         grid = tuner.fit()
+        if sigterm.requested:  # Tune stopped its trials and wrote its state: no table from a part of the sweep
+            raise preempt.StagePreempted(
+                f"the sweep stopped on SIGTERM; Tune's state is saved in {exp_dir} (finished trials are kept, the "
+                "interrupted ones run again): run the same command again to continue"
+            )
         if resumable and task.experiment not in _ANNOUNCED:
             from hptransfer.logs import progress  # plain text, as the callback's lines (no Rich markup)
 

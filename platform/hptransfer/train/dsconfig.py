@@ -29,10 +29,25 @@ def deepspeed_config(plan: TransferPlan, workers: int, *, bf16: bool = False, ma
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
         "gradient_clipping": plan.hps.grad_clip,  # 0: off, as in the sweep
-        "zero_optimization": {"stage": plan.train.zero_stage},
+        "zero_optimization": zero_optimization(plan.train.zero_stage, plan.train.offload),
         # The optimizer is ours (AdamW with the fold's per-group LRs); DeepSpeed must not replace it.
         "zero_allow_untested_optimizer": True,
+        # ZeRO-Offload would otherwise insist on DeepSpeedCPUAdam (a JIT-built op whose decay and ε
+        # placement the hand-off probe does not vouch for); torch AdamW steps the CPU partitions instead.
+        **({"zero_force_ds_cpu_optimizer": False} if plan.train.offload == "cpu" else {}),
         "bf16": {"enabled": bf16},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+
+
+def zero_optimization(stage: int, offload: str) -> dict:
+    """DeepSpeed's `zero_optimization` block. Offload to CPU moves the optimizer states (stages 1–3;
+    ZeRO-Offload, Ren et al. 2021) and under stage 3 the parameters too (ZeRO-Infinity's CPU tier);
+    `pin_memory` speeds host↔device copies on a GPU and costs nothing to state on a CPU."""
+    block: dict = {"stage": stage}
+    if offload == "cpu":
+        block["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if stage == 3:
+            block["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return block

@@ -62,6 +62,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             status = stop
             break
         out = recipe.step(step)
+        kit.rss_steps_max_mb = max(kit.rss_steps_max_mb, rss_mb())
         tokens += out.tokens
         metrics = {
             "step": step,
@@ -102,6 +103,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             "mlflow_log_s": tracker.seconds,
             "mlflow_writes": tracker.writes,
             "mlflow_first_write_s": tracker.first_s,
+            "memory_per_rank": kit.memory_per_rank(),
         }
     )
     folder = kit.save_checkpoint(recipe, final["step"], history, say=progress.line)
@@ -109,6 +111,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     progress.finish(final)
     kit.report(final, folder)
     recipe.check(final)
+
+
+def rss_mb() -> float:
+    """This process's resident set now (MB), from /proc (Linux; 0 where there is none)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 @dataclass
@@ -123,6 +133,8 @@ class WorkerKit:
     last_step: int = 0  # the step of the newest checkpoint (restored or written)
     last_time: float = 0.0  # when it was written (restored: when this session began)
     last_bytes: int | None = None  # its size (the next one's is about the same: the full-disk pre-check)
+    rss_start_mb: float = 0.0  # resident memory before the model is built (a recipe sets it after its imports)
+    rss_steps_max_mb: float = 0.0  # the largest resident memory seen at a step's end (training, not set-up)
 
     @classmethod
     def start(cls, config: dict[str, Any]) -> WorkerKit:
@@ -136,7 +148,35 @@ class WorkerKit:
         torch.set_num_threads(max(1, int(plan.train.cpus_per_worker)))
         kit.paths.pids.mkdir(parents=True, exist_ok=True)
         (kit.paths.pids / f"rank{kit.rank}").write_text(str(os.getpid()))  # lets an operator (or a test) find a worker
+        kit.mark_memory_start()
         return kit
+
+    def mark_memory_start(self) -> None:
+        """The baseline of `memory_per_rank`: a recipe calls it again after its heavy imports."""
+        self.rss_start_mb = rss_mb()
+
+    def memory_per_rank(self) -> list[dict[str, float]]:
+        """Every rank's memory, gathered to all (MB): the resident set before the model was built,
+        its peak over the whole run (`ru_maxrss`: set-up included, where every rank holds the whole
+        model before DeepSpeed partitions it), the largest seen at a step's end (what training holds:
+        the figure ZeRO stages and offload change on the host), and on a GPU the peak allocated
+        device memory."""
+        import resource
+
+        import torch
+
+        mine = [self.rss_start_mb, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, self.rss_steps_max_mb]
+        mine.append(torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else float("nan"))
+        rows = [mine]
+        if self.world > 1:
+            import torch.distributed as dist
+
+            t = torch.tensor(mine, dtype=torch.float64)
+            out = [torch.zeros_like(t) for _ in range(self.world)]
+            dist.all_gather(out, t)
+            rows = [o.tolist() for o in out]
+        keys = ("rss_start_mb", "rss_peak_mb", "rss_steps_max_mb", "device_peak_mb")  # ru_maxrss: KiB on Linux
+        return [{k: round(v, 1) for k, v in zip(keys, r) if math.isfinite(v)} for r in rows]
 
     def tracker(self, resumed_from: int | None):
         """Rank 0 logs every step's metrics; they reach MLflow in one write at most every

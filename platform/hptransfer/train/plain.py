@@ -129,6 +129,10 @@ class PlainRecipe:
         from hptransfer.io import write_json
 
         plan, kit = self.plan, self.kit
+        import deepspeed  # noqa: F401  (imported before the baseline: memory_per_rank counts the model, not imports)
+        import transformers  # noqa: F401
+
+        kit.mark_memory_start()
         self.engine, self.ds_cfg, self.lr_factor = build_engine(plan, kit.world)
         if kit.rank == 0:
             # What the running engine actually applies per parameter group (a test compares it with the plan).

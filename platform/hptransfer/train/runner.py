@@ -222,6 +222,7 @@ def prepare_train_dir(ctx: StudyContext, plan: TransferPlan, *, resume: bool, re
     logs.attach(ctx.paths.log_file)
     previous = paths.ray_experiment
     if previous.exists() and restart:
+        replaced_run = _recorded_run(paths.mlflow_run)
         aside = ctx.move_aside(
             paths.ray_storage,
             paths.metrics,
@@ -233,6 +234,8 @@ def prepare_train_dir(ctx: StudyContext, plan: TransferPlan, *, resume: bool, re
             paths.stop_request,
         )
         log(f"restart: the previous large run was moved to {aside}")
+        if replaced_run:
+            close_replaced_run(ctx, replaced_run, aside, log=log)
         return False
     if previous.exists() and not resume:
         raise PlanError(
@@ -243,6 +246,25 @@ def prepare_train_dir(ctx: StudyContext, plan: TransferPlan, *, resume: bool, re
         _check_same_model(paths.plan, plan)
         return True
     return False
+
+
+def close_replaced_run(ctx: StudyContext, run_id: str, aside: Path, *, log=print) -> None:
+    """The MLflow run of a large run that --restart replaced: tagged `hpt.replaced` (where its files
+    went) and, if it was still open (a killed driver leaves it RUNNING), ended KILLED, so the
+    experiment shows one live run. A finished or stopped run keeps its status. MLflow down: said,
+    not raised (the restart goes on; the old run is left as it was)."""
+    from hptransfer.tracking import client, fail_quickly
+
+    fail_quickly()
+    try:
+        c = client(ctx.tracking_uri)
+        status = c.get_run(run_id).info.status
+        c.set_tag(run_id, "hpt.replaced", f"--restart moved its files to {aside}")
+        if status in ("RUNNING", "SCHEDULED"):
+            c.set_terminated(run_id, status="KILLED")
+            log(f"MLflow: the replaced run {run_id} was still {status}: ended KILLED")
+    except Exception as e:  # not in this store, or MLflow unreachable
+        log(f"MLflow: could not close the replaced run {run_id} ({type(e).__name__}: {str(e)[:160]}); it is left as it was")
 
 
 def fit_on_ray_train(ctx: StudyContext, plan: TransferPlan, loop, loop_config: dict, tracker):
