@@ -121,7 +121,9 @@ def main(argv: list[str]) -> dict:
                 loads[f"before_{name}"] = round(os.getloadavg()[0], 2)
                 plan = make_plan(args.width, args.depth, args.steps, stage, offload)
                 results[name] = run_variant(plan, work / name)
-                print(f"[zero_memory] {name}: {json.dumps({k: v for k, v in results[name].items() if k != 'losses'})}", flush=True)
+                print(
+                    f"[zero_memory] {name}: {json.dumps({k: v for k, v in results[name].items() if k != 'losses'})}", flush=True
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     from hptransfer.models import build_model
@@ -177,11 +179,12 @@ def verdict(result: dict) -> dict[str, str]:
     for name, c in result["compare"].items():
         same = c["max_rel_loss_diff_vs_zero1"] <= 1e-5
         got = c["training_ratio_vs_zero1"]
-        mem = (
-            f"training host memory {got:.2f}× ZeRO-1's, the arithmetic expects {expected:.2f}×: "
-            + ("reproduced" if got <= expected * 1.1 else "not reproduced on this host")
+        mem = f"training host memory {got:.2f}× ZeRO-1's, the arithmetic expects {expected:.2f}×: " + (
+            "reproduced" if got <= expected * 1.1 else "not reproduced on this host"
         )
-        out[name] = f"losses {'the same' if same else 'differ'} (max relative difference {c['max_rel_loss_diff_vs_zero1']:.1e}); {mem}"
+        out[name] = (
+            f"losses {'the same' if same else 'differ'} (max relative difference {c['max_rel_loss_diff_vs_zero1']:.1e}); {mem}"
+        )
     out["why"] = (
         "suspected, not isolated by this benchmark: every rank builds the whole fp32 model before deepspeed.initialize partitions it (no "
         "zero.Init: mup's set_base_shapes reads full shapes), the freed full tensors stay in the "

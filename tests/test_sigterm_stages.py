@@ -82,6 +82,7 @@ def test_sigterm_during_the_coordinate_check_stops_the_run_with_exit_75(tmp_path
     rest, _ = p.communicate(timeout=120)
     text = "".join(out) + rest
     assert p.returncode == 75, text[-3000:]
-    assert re.search(r"the coordinate check stopped on SIGTERM (before width \d+'s model|after its last width)", text), text[-3000:]
+    stopped = r"the coordinate check stopped on SIGTERM (before width \d+'s model|after its last width)"
+    assert re.search(stopped, text), text[-3000:]
     assert "Traceback" not in text and not (study / "coord_check.json").exists(), text[-3000:]
     assert not (study / "ray_results" / "sweep").exists()  # the sweep never started
