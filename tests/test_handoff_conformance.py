@@ -1,6 +1,6 @@
 """`hpt handoff`: a trainer that knows nothing of µP reproduces hptransfer's training from the folder.
 
-The consumer (tests/consumer/train_from_handoff.py) runs in a fresh process that never imports
+The consumer (hptransfer/handoff/consumer.py, run as a script) runs in a fresh process that never imports
 hptransfer: plain `from_pretrained`, `torch.optim.AdamW` from optimizer.json, transformers' own
 cosine schedule, the conformance batches. It must match losses.json within 1e-4 at every step, for
 µP Llama, µP GPT-2 (tied embeddings: saved untied), a µP Qwen2 with GQA, attention scale 1/d and
@@ -26,7 +26,7 @@ from hptransfer.handoff.write import write_handoff
 from hptransfer.plan import TransferPlan
 
 ROOT = Path(__file__).resolve().parents[1]
-CONSUMER = ROOT / "tests" / "consumer" / "train_from_handoff.py"
+CONSUMER = ROOT / "platform" / "hptransfer" / "handoff" / "consumer.py"
 BASE = yaml.safe_load((ROOT / "tests/data/old_plans/hpt_run_console.yaml").read_text())
 LLAMA = {"family": "llama", "depth": 2, "head_dim": 8, "seq_len": 16, "parametrization": "mup"}
 GPT2 = {

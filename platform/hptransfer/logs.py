@@ -86,7 +86,50 @@ def attach(log_file: str | Path) -> Path:
         _state["console"] = con
         set_verbose(_state["verbose"])
     _adopt_ray_logger()
+    _quiet_libraries()
     return log_file
+
+
+class _FileUnlessVerbose(logging.Filter):
+    """On a library logger with its own console handler: the record goes to our log file, and on to
+    the library's handler only under verbose (or when it is an error)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _state["verbose"]:
+            return True
+        handler = _state["file"]
+        if handler is not None and record.levelno >= handler.level:
+            handler.handle(record)
+        return record.levelno >= logging.ERROR
+
+
+def _quiet_libraries() -> None:
+    """What libraries print in the driver itself (not through Ray's worker stream), to the log file:
+
+    - DeepSpeed's `DeepSpeed` logger has its own stdout handler and does not propagate (`Setting
+      accelerator to CPU`): a filter on the logger (made before DeepSpeed makes it, or after; the
+      object is the same) sends its records to our file instead;
+    - `warnings.warn` (Megatron's `Apex is not installed`, its UserWarnings) go through logging
+      (`py.warnings`) to the root logger, hence the file;
+    - the `transformers` / `huggingface_hub` progress bars (`Writing model shards`) are off unless
+      verbose; they say nothing the stage's own line does not."""
+    ds = logging.getLogger("DeepSpeed")
+    if not any(isinstance(f, _FileUnlessVerbose) for f in ds.filters):
+        ds.addFilter(_FileUnlessVerbose())
+    logging.captureWarnings(True)
+    if _state["verbose"]:
+        return
+    import os
+
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils.logging import disable_progress_bar
+
+        disable_progress_bar()
 
 
 def _adopt_ray_logger() -> None:

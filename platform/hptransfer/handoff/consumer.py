@@ -1,10 +1,11 @@
 """A consumer of an hptransfer hand-off folder, written as someone else's trainer would be: plain
-torch and transformers, no hptransfer (checked at the end). For each folder given, it trains
+torch and transformers, no hptransfer (checked at the end; it is run as a script in its own
+process, `python -I`, by `hpt handoff --register` and tests/test_handoff_conformance.py). For each folder given, it trains
 model/ with torch.optim.AdamW built from optimizer.json and transformers' schedule on
 conformance/batches.pt, and prints one JSON line: its losses, and the losses of the same loop with
 every multiplier forced to 1.
 
-    python train_from_handoff.py DIR [DIR ...]
+    python consumer.py DIR [DIR ...]
 """
 
 import copy
@@ -58,13 +59,19 @@ def train(model, o, batches, use_mults=True):
     return losses
 
 
-for folder in sys.argv[1:]:
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(f"{folder}/model", dtype=torch.float32)
-    o = json.load(open(f"{folder}/optimizer.json"))
-    batches = torch.load(f"{folder}/conformance/batches.pt")
-    ours = train(copy.deepcopy(model), o, batches)
-    ones = train(model, o, batches, use_mults=False)
-    print(json.dumps({"folder": folder, "losses": ours, "mults_forced_to_1": ones}))
+def main(folders):
+    for folder in folders:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(f"{folder}/model", dtype=torch.float32)
+        with open(f"{folder}/optimizer.json") as f:
+            o = json.load(f)
+        batches = torch.load(f"{folder}/conformance/batches.pt")
+        ours = train(copy.deepcopy(model), o, batches)
+        ones = train(model, o, batches, use_mults=False)
+        print(json.dumps({"folder": folder, "losses": ours, "mults_forced_to_1": ones}))
+    imported = [m for m in sys.modules if m == "hptransfer" or m.startswith("hptransfer.")]
+    assert not imported, f"the consumer imported hptransfer: {imported[:3]}"
 
-assert not any(m == "hptransfer" or m.startswith("hptransfer.") for m in sys.modules), "the consumer imported hptransfer"
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
