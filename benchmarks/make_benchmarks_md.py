@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common import RESULTS, ROOT, verdict
+from common import RESULTS, ROOT, t_interval, verdict
 
 
 def g(x, fmt: str = ".4g") -> str:
@@ -863,6 +863,109 @@ def joint_regret_section(d: dict) -> str:
 
 
 SECTIONS["joint_regret"] = joint_regret_section
+
+
+# --- axes_regret (benchmarks/axes_regret.py): width-only vs multi-axis vs the free formulas ---
+
+
+def axes_regret_section(d: dict) -> str:
+    """Every plan's regret against the LR tuned at the target (95% t over seeds) with its verdict on
+    the 1% goal, and the paired differences the issue names, recomputed here from the per-seed losses."""
+    from joint_regret import direction
+
+    s, plans = d["setting"], {p["name"]: p for p in d["plans"]}
+    rows = []
+    for p in d["plans"]:
+        m, r = t_interval(p["target_losses"]), p["relative_regret"]
+        rows.append(
+            [
+                p["name"],
+                g(p["lr"], ".4g"),
+                f"{m.mean:.4f} [{m.lo:.4f}, {m.hi:.4f}]",
+                f"{100 * r['mean']:+.2f} % [{100 * r['lo']:+.2f}, {100 * r['hi']:+.2f}]",
+                verdict(r["lo"], r["hi"], below=0.01),
+            ]
+        )
+    pairs = []
+    for a, b in (("multi-axis", "width-only (before issue 23)"), ("step_law", "multi-axis"), ("deepseek", "multi-axis")):
+        if a in plans and b in plans:
+            diff = t_interval([x - y for x, y in zip(plans[a]["target_losses"], plans[b]["target_losses"])])
+            pairs.append(
+                [f"{a} − {b}", f"{diff.mean:+.4f} [{diff.lo:+.4f}, {diff.hi:+.4f}]", diff.n, direction(diff.lo, diff.hi)]
+            )
+    direct = d.get("direct") or {}
+    t = s["target"]
+    return (
+        f"\n{s['family']}, depth {s['depth']}, head size {s['head_dim']}; ladder widths {s['ladder']} (steps and batch arms "
+        f"{s['arms']} at width {s['arm_width']}), target width {t['width']}, {t['steps']} steps, batch {t['batch_size']}; "
+        f"seeds {s['seeds']}. Regret: each plan's target loss against the best LR of a direct grid at the target "
+        f"({g(direct.get('best_lr'))}, loss {g(direct.get('best_loss'), '.4f')}), relative, 95% t over seeds; verdict on "
+        "regret ≤ 1% (reproduced when the whole interval is below).\n\n"
+        + md_table(["plan", "lr", "target loss [95% t]", "regret [95% t]", "regret ≤ 1%"], rows)
+        + "\n\n"
+        + md_table(["paired difference, loss (lower is better)", "mean [95% t]", "n", "verdict"], pairs)
+        + "\n\nVerdicts in the JSON:\n\n"
+        + "\n".join(f"- {k}: **{v}**" for k, v in d.get("verdicts", {}).items())
+        + "\n"
+    )
+
+
+SECTIONS["axes_regret"] = axes_regret_section
+
+
+# --- joint_pooled (benchmarks/joint_pooled.py): the pooled joint estimate vs the per-width one ---
+
+
+def joint_pooled_section(d: dict) -> str:
+    """Both estimates from the same ladder, scored at the target; pairs with joint_regret's stored
+    plans only when the determinism check passed."""
+    rows = []
+    names = {"b_pooled": "(b) pooled estimate (now)", "b_per_width": "(b) per-width estimate (before), same points"}
+    names.update({k: f"variant: {v}" for k, v in d.get("variants", {}).items()})
+    for n, t in d["targets"].items():
+        hp, m = t["hyperparameters"], t["mean"]
+        rows.append(
+            [
+                names.get(n, n),
+                *[g(hp[k], ".4g") for k in ("lr", "output_mult", "init_std", "warmup_steps")],
+                f"{m['mean']:.4f} [{g(m['lo'], '.4f')}, {g(m['hi'], '.4f')}]",
+            ]
+        )
+    for n, t in d.get("stored", {}).items():
+        hp, m = t["hyperparameters"], t["mean"]
+        rows.append(
+            [
+                f"({n}) {t['name']} (stored, joint_regret.json)",
+                *[g(hp[k], ".4g") for k in ("lr", "output_mult", "init_std", "warmup_steps")],
+                f"{m['mean']:.4f} [{g(m['lo'], '.4f')}, {g(m['hi'], '.4f')}]",
+            ]
+        )
+    cmp_rows = []
+    for k, p in d["paired"].items():
+        if p:
+            rel = k.startswith("regret")
+            cmp_rows.append([k, _pm(p, "+.2f", 100.0) + " %" if rel else _pm(p), p["n"], p["verdict"]])
+    det = d["determinism"]
+    pf, pw = d["pooled_fit"], d["per_width_fit"]
+    return (
+        f"\nThe ladder of joint_regret.py's (b) swept again; its plan from the pooled fit: {pf.get('model') or '—'}"
+        + (f"; undecided: {', '.join(pf['undecided'])}" if pf.get("undecided") else "")
+        + (f"; fallback: {pf['fallback']}" if pf.get("fallback") else "")
+        + f". The per-width fit on the same points: {pw.get('fallback') or 'a fitted vertex'}. Determinism check "
+        f"({det['run']} trained again): {det['again']:.6f} vs stored {det['stored']:.6f}, "
+        f"{'the same' if det['same'] else 'different: no pairing with stored runs'}."
+        + (f" **Note**: {d['same_point_note']}." if d.get("same_point_note") else "")
+        + "\n\n"
+        + md_table(["plan", "lr", "output_mult", "init_std", "warmup_steps", "target loss [95% t]"], rows)
+        + "\n\n"
+        + md_table(["paired difference (lower is better)", "mean [95% t]", "n", "verdict"], cmp_rows)
+        + "\n\nVerdicts, from the intervals:\n\n"
+        + "\n".join(f"- {k}: **{x}**" for k, x in d["verdicts"].items())
+        + "\n"
+    )
+
+
+SECTIONS["joint_pooled"] = joint_pooled_section
 
 
 def render() -> str:

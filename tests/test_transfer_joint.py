@@ -79,7 +79,9 @@ def test_scattered_correlated_optimum_is_recovered_within_half_a_grid_step():
         assert abs(off[0]) < 0.5 and abs(off[1]) < 0.5, (w, off)
         assert lr.ci[0] < LR < lr.ci[1] and om.ci[0] < OM < om.ci[1]
         j = d.joint_by_width[w]
-        assert j.n_points == 60 and j.n_fit == 30 and j.n_boot == 200 and j.noise_source == "quadratic residuals"
+        # µP: the three widths are fitted together (transfer/joint_pooled.py), the best 3/4 of each.
+        assert j.n_points == 60 and j.n_fit == 45 and j.n_boot == 200 and j.noise_source == "quadratic residuals"
+        assert j.pooled_widths == [32, 64, 128] and "pooled quadratic" in j.model and j.heldout_rmse < 0.01
         assert j.coupling["lr|output_mult"] == pytest.approx(-C / math.sqrt(A * B), abs=0.05)  # the tilt, measured
         assert j.optimum_correlation["lr|output_mult"] < -0.5  # the optima's errors are correlated as well
         assert j.noise == pytest.approx(0.005, rel=0.5)
@@ -247,12 +249,14 @@ def test_a_saddle_falls_back_to_the_best_point_and_says_why():
     assert f["lr"].joint.hessian is None
 
 
-def test_too_few_points_fall_back_and_the_plan_warns():
-    df = scattered(n=8)
+def test_too_few_points_fall_back_and_the_plan_warns_in_one_line():
+    df = scattered(n=4)  # 12 points: neither the pooled fit (16 fitted points needed) nor a width's (12) is possible
     plan = make_plan(standalone_spec(df, rule="mup", target_width=1024, model={"family": "mlp"}), df)
-    assert any("too few points: 8 ok trials" in w and "needs ≥ 12" in w for w in plan.diagnostics.warnings)
+    lines = [w for w in plan.diagnostics.warnings if "best sampled point used instead" in w]
+    assert len(lines) == 1 and "widths [32, 64, 128]" in lines[0], plan.diagnostics.warnings
+    assert "too few points to pool" in lines[0] and "too few points: 4 ok trials" in lines[0] and "needs ≥ 12" in lines[0]
     per = plan.diagnostics.optimum_by_width["64"]["lr"]
-    assert per.method == "joint" and not per.convex and per.fallback.startswith("too few points")
+    assert per.method == "joint" and not per.convex and per.fallback.startswith("not pooled over widths (too few")
 
 
 def test_an_optimum_outside_the_box_is_held_at_its_edge_as_a_bound():

@@ -103,6 +103,8 @@ class JointOptimum(_Section):
     """One width's joint optimum of every tuned hyperparameter from scattered points (transfer/joint.py):
     a full quadratic in the search scale fitted to the best points, a bootstrap over rows for the interval."""
 
+    _omit_empty = ("model", "heldout_rmse", "pooled_widths", "undecided", "drift")
+
     hyperparameters: list[str] = Field(default_factory=list)
     """The tuned hyperparameters, in the order of `hessian`."""
     value: dict[str, float | None] = Field(default_factory=dict)
@@ -137,10 +139,22 @@ class JointOptimum(_Section):
     """Per-trial loss noise σ (seed replicates at repeated points, else the quadratic's residuals)."""
     noise_source: str = "none"
     """Where σ came from: `seed replicates`, `quadratic residuals` or `none`."""
+    model: str | None = None
+    """The pooled fit's model (transfer/joint_pooled.py), chosen by held-out error; absent: a per-width fit."""
+    heldout_rmse: float | None = None
+    """Its K-fold held-out RMSE of the loss on the fitted points."""
+    pooled_widths: list[int] | None = None
+    """The widths fitted together (µP: they share the optimum; the loss level has an offset per width)."""
+    undecided: list[str] | None = None
+    """Tunables the points do not pin (along a near-flat direction, or an interval over most of the span searched)."""
+    drift: dict[str, float | None] | None = None
+    """How far the fitted optimum moves per doubling of width, in the search scale, when the chosen model has a drift."""
 
 
 class HyperparameterTransfer(_Section):
     """How one tuned hyperparameter went from the ladder to the plan."""
+
+    _omit_empty = ("undecided",)
 
     scale: Literal["log", "linear"] = "log"
     """Its search scale (`Hyperparameters`): the optimum and its interval are fitted in log ν or ν."""
@@ -164,6 +178,8 @@ class HyperparameterTransfer(_Section):
     """The optimum at the source width is a bound (`upper`: ν* ≤ value; `lower`: ν* ≥ value)."""
     how: str | None = None
     """The rule that carried it to the target, in words."""
+    undecided: bool | None = None
+    """True: the sweep's points do not pin it; the value is where the good points lie, not an estimate."""
 
 
 class LossFit(_Section):

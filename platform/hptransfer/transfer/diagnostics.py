@@ -68,12 +68,12 @@ def joint_sections(fits, tuned, hyperparameters, res, target_steps: int, proxy_s
     widths = sorted(fits)
     if not widths or fits[widths[0]][tuned[0]].joint is None:
         return {}
-    warnings, by_width = [], {}
+    warnings, by_width, fell_back = [], {}, {}
     for w in widths:
         j = fits[w][tuned[0]].joint
         by_width[str(w)] = {k: v for k, v in vars(j).items() if k != "hyperparameters"} | {"hyperparameters": list(tuned)}
         if j.fallback:
-            warnings.append(f"width {w}: joint optimum not fitted, the best point used instead: {j.fallback}")
+            fell_back[w] = j.fallback
         for hp, side in j.held.items():
             capped = fits[w][hp].capped_by_divergence
             warnings.append(
@@ -85,7 +85,25 @@ def joint_sections(fits, tuned, hyperparameters, res, target_steps: int, proxy_s
                     else f"widen the search box for {hp}"
                 )
             )
+    if fell_back:  # one line, however many widths: the last resort, said where the user reads
+        text = "; ".join(f"width {w}: {why}" for w, why in fell_back.items())
+        warnings.insert(
+            0, f"joint optimum: the best sampled point used instead of a fitted one at widths {sorted(fell_back)} ({text})"
+        )
     src = res.source_width or max(widths)
+    j_src = fits.get(src, fits[max(widths)])[tuned[0]].joint
+    if j_src.undecided:
+        none_pinned = set(j_src.undecided) == set(tuned)
+        warnings.append(
+            f"joint optimum: the sweep's points do not pin {', '.join(j_src.undecided)} (a near-flat direction or an "
+            "interval over most of the span searched): "
+            + (
+                f"none is pinned, so the plan is width {src}'s best sampled point (seeds averaged), not a fitted optimum; "
+                "more trials or seeds would pin it"
+                if none_pinned
+                else "the plan keeps the best sampled point's value there; fix it by another argument or search it with more points"
+            )
+        )
     per = {}
     for hp in tuned:
         f = fits.get(src, fits[max(widths)])[hp]
@@ -107,6 +125,7 @@ def joint_sections(fits, tuned, hyperparameters, res, target_steps: int, proxy_s
             "log_se": f.log_se,
             "censored": f.censored,
             "how": how + (f"; steps {proxy_steps} → {target_steps}" if hp == "warmup_steps" else ""),
+            "undecided": True if f.undecided else None,
         }
     return {"joint_by_width": by_width, "per_hyperparameter": per, "warnings": warnings}
 

@@ -72,7 +72,8 @@ def make_plan(
     base = {"steps": spec.sweep.steps, "batch_size": spec.sweep.batch_size, "depth": spec.model.depth}
     full = axis_columns(results, base)
     ladder = full[at_base(full, base)]
-    fits = optima_by_width(ladder, tuned)
+    # µP: the widths share one optimum, so a searcher's scattered points are fitted over all of them.
+    fits = optima_by_width(ladder, tuned, pool_widths=spec.model.parametrization == "mup")
     skipped = sorted(set(ladder["width"].unique()) - set(fits))
     ev = Evidence(
         optima={w: {hp: f.value for hp, f in per.items()} for w, per in fits.items()},

@@ -31,7 +31,7 @@ unstable region). Pure: numpy and pandas.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -103,6 +103,12 @@ class JointFit:
     held: dict[str, str]  # hyperparameter → "low" / "high": the vertex lay outside the points' box there
     noise: float | None
     noise_source: str
+    # The pooled fit (transfer/joint_pooled.py); None on a per-width fit.
+    model: str | None = None  # which model, chosen by held-out error
+    heldout_rmse: float | None = None
+    pooled_widths: list[int] | None = None
+    undecided: list[str] | None = None  # tunables the points do not pin
+    drift: dict[str, float | None] | None = None  # dx*/d log2(width) in the search scale, when modelled
 
 
 def _n_coef(k: int) -> int:
@@ -185,9 +191,12 @@ def joint_optimum(
     diverged: pd.DataFrame | None = None,
     n_boot: int = N_BOOT,
     seed: int = 0,
+    best_point: str | None = None,
 ) -> dict[str, OptimumFit]:
     """One width's joint optimum. points: its ok trials (columns `tuned` and `val_loss`, finite);
-    diverged: its diverged trials (columns `tuned`), which cap the fit. Returns an `OptimumFit` per
+    diverged: its diverged trials (columns `tuned`), which cap the fit. `best_point`: a reason to
+    take the best point whatever the fit says (a quadratic shown not to describe the points).
+    Returns an `OptimumFit` per
     tuned hyperparameter, each carrying the shared `JointFit` as `.joint`."""
     k = len(tuned)
     log = np.array([hp in LOG_SCALE for hp in tuned])
@@ -236,7 +245,9 @@ def joint_optimum(
         if d_div < d_ok:
             capped = True
             fallback = "the point nearest the fitted vertex diverged: the fit reached into the unstable region"
-    use_vertex = core.convex and not capped
+    if best_point:
+        fallback = best_point
+    use_vertex = core.convex and not capped and not best_point
     z_hat = core.z if use_vertex else z[best_idx]
     fitted = core.fitted if use_vertex else means[best_key]
     held = core.held if use_vertex else {}
@@ -356,10 +367,20 @@ def joint_optimum(
     return out
 
 
-def joint_optima_by_width(results: pd.DataFrame, tuned: list[str], n_boot: int = N_BOOT) -> dict[int, dict[str, OptimumFit]]:
+def joint_optima_by_width(
+    results: pd.DataFrame,
+    tuned: list[str],
+    n_boot: int = N_BOOT,
+    not_pooled: str | None = None,
+    best_point: bool = False,
+) -> dict[int, dict[str, OptimumFit]]:
     """`engine.optima_by_width` for a table that is not a grid: the joint optimum per width (ok
     trials with a finite loss fit it; diverged ones cap it; stopped and failed ones are left out).
-    Widths without one finite ok loss are skipped."""
+    Widths without one finite ok loss are skipped. `not_pooled`: why the pooled fit over widths
+    (transfer/joint_pooled.py), when asked for, could not be made; each width's `fallback` says it.
+    `best_point`: that reason rules out a quadratic here too (it did not describe the points): each
+    width takes its best point."""
+    why = not_pooled
     out: dict[int, dict[str, OptimumFit]] = {}
     status = results["status"].astype(str).str.lower()
     loss = results["val_loss"].astype(float)
@@ -369,5 +390,14 @@ def joint_optima_by_width(results: pd.DataFrame, tuned: list[str], n_boot: int =
         good = g[ok.loc[g.index]]
         if good.empty:
             continue
-        out[int(width)] = joint_optimum(good, tuned, g[div.loc[g.index]], n_boot=n_boot, seed=int(width))
+        out[int(width)] = joint_optimum(
+            good, tuned, g[div.loc[g.index]], n_boot=n_boot, seed=int(width), best_point=why if best_point else None
+        )
+    if why and not best_point:  # the pooled fit was asked for and not made: each width says so, beside its own fallback
+        for per in out.values():
+            j = next(iter(per.values())).joint
+            note = f"not pooled over widths ({why}); fitted per width" + (f": {j.fallback}" if j.fallback else "")
+            jj = replace(j, fallback=note)
+            for hp, f in per.items():
+                per[hp] = replace(f, joint=jj)
     return out

@@ -66,6 +66,7 @@ class OptimumFit:
     curvature_low: float | None = None  # 2.5% / 97.5% bootstrap quantiles of κ (convex redraws)
     curvature_high: float | None = None
     loss_se: float | None = None  # std of the fitted minimum loss φ*_n (floored at σ/√n_seeds)
+    undecided: bool = False  # the points do not pin it (transfer/joint_pooled.py): its value is where they are, not an estimate
     joint: Any = None  # transfer/joint.py's JointFit when the optimum came from a joint fit over scattered points
 
 

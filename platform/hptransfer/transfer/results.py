@@ -22,7 +22,8 @@ from hptransfer.transfer.axes import (
     axis_columns,
     base_point,
 )
-from hptransfer.transfer.joint import is_grid, joint_optima_by_width
+from hptransfer.transfer.joint import is_grid
+from hptransfer.transfer.joint_pooled import joint_optima
 from hptransfer.transfer.optimum import OptimumFit, fit_optimum
 
 STATUSES = {"ok", "diverged", "failed", "stopped"}
@@ -189,18 +190,19 @@ def _trained_otherwise(spec: StudySpec, hashes: list[str]) -> str | None:
     return None
 
 
-def optima_by_width(results: pd.DataFrame, tuned: list[str]) -> dict[int, dict[str, OptimumFit]]:
+def optima_by_width(results: pd.DataFrame, tuned: list[str], pool_widths: bool = False) -> dict[int, dict[str, OptimumFit]]:
     """For each width and tuned hyperparameter, the optimum with the others at their best grid point.
 
     With one tuned hyperparameter this is the plain 1-D fit; with several, each is fitted along its
     own axis through the best grid point (a coordinate-wise estimate, stated as such). A table whose
     points are not a grid (`joint.is_grid`) gets the joint optimum instead (`joint.joint_optimum`). `stopped`
     (early-stopped) and `failed` trials are left out of the fit; `diverged` ones inform it (too high).
-    Widths without one finite ok loss are skipped."""
+    Widths without one finite ok loss are skipped. `pool_widths` (µP: the widths share an optimum):
+    scattered points are fitted over all widths at once (transfer/joint_pooled.py)."""
     out: dict[int, dict[str, OptimumFit]] = {}
     results = results.reset_index(drop=True)
     if not is_grid(results, tuned):  # points from a searcher: the joint local quadratic (transfer/joint.py)
-        return joint_optima_by_width(results, tuned)
+        return joint_optima(results, tuned, pool=pool_widths)
     status = results["status"].astype(str).str.lower()
     diverged_all = (status == "diverged") | ((status == "ok") & ~np.isfinite(results["val_loss"].astype(float)))
     for width, g in results.groupby("width"):
