@@ -50,13 +50,15 @@ def coord_check_depth_stage(study: StudyContext, *, depths: list[int] | None = N
 def sweep_stage(study: StudyContext, *, restart: bool = False, log=print) -> SweepOutcome:
     from hptransfer.sweep.record import log_sweep, plot_sweep
     from hptransfer.sweep.runner import run_sweep
+    from hptransfer.tracking import mlflow_or_later
 
     spec = study.require_spec()
     with study.lock():
         df, grid = run_sweep(study, restart=restart, log=log)
         write_yaml(study.paths.spec, spec.model_dump(mode="json"))  # the spec these results belong to
         plot = plot_sweep(df, spec, study.paths.sweep_png)
-        return SweepOutcome(df, log_sweep(study, df, grid, plot=plot), plot)
+        run_id = mlflow_or_later(study, "the sweep's trials", lambda: log_sweep(study, df, grid, plot=plot), log)
+        return SweepOutcome(df, run_id, plot)
 
 
 def transfer_stage(study: StudyContext, *, sweep_run_id: str | None = None, out: str | Path | None = None):
@@ -86,7 +88,9 @@ def transfer_stage(study: StudyContext, *, sweep_run_id: str | None = None, out:
     )
     with study.lock():
         path = save_plan(plan, out or study.paths.plan)
-        _log_plan(study, plan, path)
+        from hptransfer.tracking import mlflow_or_later
+
+        mlflow_or_later(study, "the plan", lambda: _log_plan(study, plan, path))
     return plan
 
 
@@ -352,6 +356,10 @@ def run_study(
         metrics = finished_run(study, plan) if not restart_train else None
         if metrics is not None:
             log(f"large run: already finished for this plan ({study.paths.train.metrics})")
+            if study.paths.train.mlflow_unsent.exists():  # its MLflow records, if an outage held them back
+                from hptransfer.train.runner import deliver_unsent
+
+                deliver_unsent(study, log)
         else:
             metrics = train_stage(study, plan, resume=not restart_train, restart=restart_train, log=log)
         times["train_s"] = time.time() - t

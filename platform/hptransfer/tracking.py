@@ -23,7 +23,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 TAG_STUDY = "hpt.study_dir"
 TAG_KIND = "hpt.kind"
@@ -254,6 +254,38 @@ def find_study_run(tracking_uri: str, experiment: str, study_root: str | Path, k
 
 # --- MLflow down: keep what was not logged, deliver it later ---------------------------------------
 
+
+def mlflow_or_later(study: Any, what: str, write, log=print):
+    """`write()`, a stage's MLflow record made from files already on disk (the sweep's parent and
+    children from its table, the plan): MLflow unreachable, one line and None instead of a failed
+    stage. Nothing is lost: both records are idempotent and made again, from the same files, by the
+    same command once MLflow answers (`hpt run` / `hpt sweep` resume at once, then log)."""
+    fail_quickly()  # seconds, not MLflow's minutes of retries, before saying so
+    try:
+        return write()
+    except Exception as e:
+        if not _unreachable(e):
+            raise
+        log(
+            f"MLflow: unreachable at {study.tracking_uri} ({type(e).__name__}): {what} not logged; they are in "
+            f"{study.root} and are logged when the same command runs again with MLflow up"
+        )
+        return None
+
+
+def _unreachable(e: BaseException) -> bool:
+    """An MLflow server that does not answer (connection refused, timeouts, retries exhausted, 5xx)."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    text = f"{type(e).__name__}: {e}"
+    if isinstance(e, (requests.exceptions.ConnectionError, requests.exceptions.Timeout, ConnectionError, TimeoutError)):
+        return True
+    return isinstance(e, MlflowException) and any(
+        s in text for s in ("Max retries exceeded", "Connection refused", "API request to", "timed out", "503", "502")
+    )
+
+
 # A worker's write to a server that is down must fail in seconds, not after MLflow's default
 # retries (7, backoff ×2: minutes of a blocked training step); the caller spools what failed.
 QUICK_FAIL_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
@@ -278,13 +310,33 @@ class Spooled:
         self.run_id = tracker.run_id
         self.failures = 0
 
+    @classmethod
+    def pending(cls, spool: str | Path, tracking_uri: str, experiment: str, run_name: str, tags: dict[str, Any]) -> Self:
+        """MLflow is down as the run starts: a run id of our own (`pending-…`) whose first spooled
+        op creates the MLflow run once the server answers; every later op follows it there."""
+        import uuid
+
+        tracker = MlflowTracker(tracking_uri, experiment, run_id=f"{PENDING}{uuid.uuid4().hex}")
+        self = cls(tracker, spool, tracking_uri)
+        self._keep(
+            {
+                "run_id": self.run_id,
+                "op": "create",
+                "experiment": experiment,
+                "run_name": run_name,
+                "tags": {k: str(v) for k, v in tags.items()},
+            },
+            "MLflow unreachable when the run started",
+        )
+        return self
+
     def _call(self, op: dict) -> None:
         op = {"run_id": self.run_id, **op}
         if self.spool.exists() and not replay_unsent(self.spool, self.tracking_uri):
             self._keep(op, "an earlier write is still waiting")
             return
         try:
-            _apply(self.tracker.client, op)
+            _apply(self.tracker.client, op, self.spool)
         except Exception as e:
             self._keep(op, f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
 
@@ -319,11 +371,53 @@ class Spooled:
         self._call({"op": "end", "status": status})
 
 
-def _apply(client, op: dict) -> None:
-    """One spooled operation, through the MLflow client (raises when the server is unreachable)."""
+PENDING = "pending-"  # a run id made while MLflow was down: its `create` op makes the real run later
+
+
+def ids_file(spool: str | Path) -> Path:
+    """Where a spool keeps pending id → real MLflow run id, once its `create` op was delivered."""
+    return Path(spool).with_suffix(".ids.json")
+
+
+def real_run_id(spool: str | Path, run_id: str) -> str | None:
+    """The MLflow run id a pending one became (None while it is still pending); a real id as is."""
+    if not run_id.startswith(PENDING):
+        return run_id
+    import json
+
+    try:
+        return json.loads(ids_file(spool).read_text()).get(run_id)
+    except (OSError, ValueError):
+        return None
+
+
+def _apply(client, op: dict, spool: str | Path | None = None) -> None:
+    """One spooled operation, through the MLflow client (raises when the server is unreachable). A
+    `create` op makes the run a pending id stands for (and records the pair beside the spool); the
+    other ops of a pending id go to that run."""
     from mlflow.entities import Metric, Param, RunTag
 
     run_id, kind = op["run_id"], op["op"]
+    if kind == "create":
+        if spool is not None and real_run_id(spool, run_id):
+            return  # delivered before a crash cut the spool's rewrite short: not twice
+        exp = client.get_experiment_by_name(op["experiment"])
+        exp_id = exp.experiment_id if exp else client.create_experiment(op["experiment"])
+        real = client.create_run(exp_id, run_name=op.get("run_name"), tags=op.get("tags") or {}).info.run_id
+        if spool is not None:
+            import json
+
+            from hptransfer.io import write_atomic
+
+            path = ids_file(spool)
+            known = json.loads(path.read_text()) if path.exists() else {}
+            write_atomic(path, json.dumps({**known, run_id: real}))
+        return
+    if run_id.startswith(PENDING):
+        real = real_run_id(spool, run_id) if spool is not None else None
+        if real is None:
+            raise RuntimeError(f"run {run_id} has not been created in MLflow yet")
+        run_id = real
     if kind == "metrics":
         ms = [Metric(k, v, ts, step) for metrics, step, ts in op["rows"] for k, v in metrics.items()]
         for i in range(0, len(ms), MAX_METRICS_PER_BATCH):
@@ -368,6 +462,8 @@ def describe_unsent(ops: list[dict]) -> str:
         n = sum(op.get("op") == kind for op in ops)
         if n:
             parts.append(f"{n} {name}{'es' if n > 1 and name.endswith('batch') else 's' if n > 1 else ''}")
+    if any(op.get("op") == "create" for op in ops):
+        parts.insert(0, "the run's creation")
     ends = [op["status"] for op in ops if op.get("op") == "end"]
     if ends:
         parts.append(f"the run's end ({ends[-1]})")
@@ -385,7 +481,7 @@ def replay_unsent(spool: str | Path, tracking_uri: str) -> bool:
     c = client(tracking_uri)
     for i, op in enumerate(ops):
         try:
-            _apply(c, op)
+            _apply(c, op, spool)
         except Exception:
             import json
 

@@ -324,7 +324,12 @@ def write_report(study_dir: str | Path, tracking_uri: str | None = None, log: Ca
     )
     index = write_atomic(paths.report_html, page)
     if tracking_uri:
-        _log_to_mlflow(spec, study, out, tracking_uri, log)
+        from types import SimpleNamespace
+
+        from hptransfer.tracking import mlflow_or_later
+
+        where = SimpleNamespace(tracking_uri=tracking_uri, root=study)
+        mlflow_or_later(where, "the report", lambda: _log_to_mlflow(spec, study, out, tracking_uri, log), log)
     return index
 
 

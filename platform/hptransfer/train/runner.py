@@ -127,22 +127,34 @@ def train_tracker(ctx: StudyContext, plan: TransferPlan, *, tags: dict, params: 
     preemption or a killed driver) logs into the run recorded in train/mlflow_run.json, set back
     to RUNNING, so a study has one run per large run: none duplicated, none left RUNNING. What an
     earlier outage left unsent is delivered first."""
-    from hptransfer.tracking import Spooled, client, describe_unsent, fail_quickly, read_unsent, replay_unsent
+    from hptransfer.tracking import PENDING, TAG_KIND, TAG_STUDY, Spooled, client
 
     paths = ctx.paths.train
-    fail_quickly()
-    if paths.mlflow_unsent.exists():
-        what = describe_unsent(read_unsent(paths.mlflow_unsent))
-        ok = replay_unsent(paths.mlflow_unsent, ctx.tracking_uri)
-        log(f"MLflow: {'delivered' if ok else 'still could not deliver'} what an earlier outage left unsent: {what}")
-    run_id = _recorded_run(paths.mlflow_run)
+    run_id = deliver_unsent(ctx, log)
     mlflow_client = client(ctx.tracking_uri)
     try:
-        logged = mlflow_client.get_run(run_id).data.params if run_id else None
-    except Exception:  # not in this tracking store (another --tracking-uri): a new run
+        logged = mlflow_client.get_run(run_id).data.params if run_id and not run_id.startswith(PENDING) else None
+    except Exception:  # not in this tracking store (another --tracking-uri), or MLflow down: a new run
         logged = None
+    if run_id and run_id.startswith(PENDING):
+        # Still not created (MLflow down since this run first started): go on spooling into it.
+        log(f"MLflow: still unreachable at {ctx.tracking_uri}; this run's records stay in {paths.mlflow_unsent}")
+        return Spooled(ctx.tracker(run_id=run_id), paths.mlflow_unsent, ctx.tracking_uri)
     if logged is None:
-        tracker = ctx.tracker(f"{plan.study}-train", kind="train", tags=tags)
+        run_name = f"{plan.study}-train"
+        try:
+            tracker = ctx.tracker(run_name, kind="train", tags=tags)
+        except Exception as e:  # MLflow down as the run starts: training does not wait for it
+            all_tags = {TAG_STUDY: str(ctx.root), TAG_KIND: "train", **tags}
+            spooled = Spooled.pending(paths.mlflow_unsent, ctx.tracking_uri, ctx.experiment, run_name, all_tags)
+            write_json(paths.mlflow_run, {"run_id": spooled.run_id, "tracking_uri": ctx.tracking_uri, "pending": True})
+            log(
+                f"MLflow: unreachable at {ctx.tracking_uri} ({type(e).__name__}); training starts anyway and its "
+                f"records go to {paths.mlflow_unsent}, delivered (the run created first) when MLflow answers: by the "
+                "next write, the next `hpt train`/`hpt run`, or `hpt status --replay-mlflow`"
+            )
+            spooled.log_params(params)
+            return spooled
         write_json(paths.mlflow_run, {"run_id": tracker.run_id, "tracking_uri": ctx.tracking_uri})
         logged = {}
     else:
@@ -153,6 +165,27 @@ def train_tracker(ctx: StudyContext, plan: TransferPlan, *, tags: dict, params: 
     # A parameter is logged once (MLflow refuses a changed value): a resume with another scale knob keeps the first.
     spooled.log_params({k: v for k, v in params.items() if k not in logged})
     return spooled
+
+
+def deliver_unsent(ctx: StudyContext, log=print) -> str | None:
+    """What an MLflow outage left in train/mlflow_unsent.jsonl, delivered now if MLflow answers (a run
+    started while it was down is created first, and train/mlflow_run.json then names it). Returns the
+    large run's MLflow run id as recorded (a `pending-…` id while it is still not created)."""
+    from hptransfer.tracking import PENDING, describe_unsent, fail_quickly, read_unsent, real_run_id, replay_unsent
+
+    paths = ctx.paths.train
+    fail_quickly()
+    if paths.mlflow_unsent.exists():
+        what = describe_unsent(read_unsent(paths.mlflow_unsent))
+        ok = replay_unsent(paths.mlflow_unsent, ctx.tracking_uri)
+        log(f"MLflow: {'delivered' if ok else 'still could not deliver'} what an earlier outage left unsent: {what}")
+    run_id = _recorded_run(paths.mlflow_run)
+    if run_id and run_id.startswith(PENDING):  # made while MLflow was down: the run it became, if it has
+        real = real_run_id(paths.mlflow_unsent, run_id)
+        if real:
+            write_json(paths.mlflow_run, {"run_id": real, "tracking_uri": ctx.tracking_uri})
+        run_id = real or run_id
+    return run_id
 
 
 def _read_json(path: Path) -> dict:
