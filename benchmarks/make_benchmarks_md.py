@@ -968,6 +968,31 @@ def joint_pooled_section(d: dict) -> str:
 SECTIONS["joint_pooled"] = joint_pooled_section
 
 
+# --- wheel_install (benchmarks/wheel_install.py): the wheel into a clean venv with the user's torch ---
+
+
+def wheel_install_section(d: dict) -> str:
+    rows = [
+        ["install command", f"`{d.get('install_command', '—')}`"],
+        ["wheel build", f"{g(d['build_s'])} s"],
+        ["the user's torch into the fresh venv (not ours)", f"{g(d['user_torch_s'])} s"],
+        ["install of the wheel and its dependencies", f"{g(d['install_s'])} s"],
+        [
+            "torch before → after",
+            f"{d['torch']['before']} → {d['torch']['after']} ({'kept' if d['torch']['kept'] else 'REPLACED'})",
+        ],
+        ["torchvision importable", {True: "yes", False: "no (hidden by hptransfer)", None: "—"}[d.get("torchvision_imports")]],
+        ["`hpt --help`", "ok" if d["help_ok"] else "failed"],
+        ["`hpt run` of the tiny end-to-end spec", f"{'ok' if d['run_ok'] else 'failed'}, {g(d['run_s'])} s"],
+        ["verdict", f"**{d['verdict']}**"],
+    ]
+    return "\n" + md_table(["step", "result"], rows) + "\n"
+
+
+SECTIONS["wheel_install"] = wheel_install_section
+SECTIONS["wheel_install_naive"] = wheel_install_section
+
+
 def render() -> str:
     paths = sorted(RESULTS.glob("*.json"), key=lambda p: (ORDER.index(p.stem) if p.stem in ORDER else len(ORDER), p.stem))
     parts = [

@@ -1,0 +1,119 @@
+"""A package a user installs (issue 39, item 4): the wheel into a clean virtual environment that
+already has the user's torch, then `hpt run` there, without scripts/setup.sh.
+
+Steps, each timed (wall seconds, this machine):
+  1. `python -m pip wheel --no-deps .` → dist/hptransfer-*.whl (setuptools, build isolation);
+  2. a fresh `python -m venv`, then the user's torch into it (here the CPU build, `torch==2.13.0`
+     from the local wheel folder pip is configured with): not counted as our install;
+  3. `pip install <wheel>` with no constraints file: the install time a user sees;
+  4. checks: torch is the one the user had (no dependency replaced it), `hpt --help` works, and
+     `hpt run` of tests' tiny end-to-end spec (coord check, 6-trial sweep, transfer, a 10-step
+     DeepSpeed large run on 2 Ray Train workers, report) finishes with exit 0 from a folder outside
+     the repository (no file of the checkout on its path), DeepSpeed's CPU op JIT-built on first use.
+The venv is left at --venv for a look; `--pip uv` uses uv (faster, the same resolution rules).
+
+Run: .venv/bin/python benchmarks/wheel_install.py → benchmarks/results/wheel_install.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import RESULTS, ROOT, machine_info
+
+USER_TORCH = "torch==2.13.0"
+
+
+def _run(cmd: list[str], **kw) -> tuple[float, subprocess.CompletedProcess]:
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    return round(time.perf_counter() - t, 1), p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--venv", type=Path, default=Path("/tmp/hpt_wheel_venv"))
+    ap.add_argument("--pip", choices=("pip", "uv"), default="pip")
+    ap.add_argument(
+        "--keep-torch",
+        action="store_true",
+        help="install as the README says: the user's torch version named in the same pip command (else pip may upgrade it)",
+    )
+    ap.add_argument("--out", type=Path, default=RESULTS / "wheel_install.json")
+    args = ap.parse_args(argv)
+    import yaml
+
+    from hptransfer.io import write_json
+
+    out: dict = {
+        "machine": machine_info(),
+        "command": f".venv/bin/python benchmarks/wheel_install.py --pip {args.pip}"
+        + (" --keep-torch" if args.keep_torch else ""),
+    }
+    dist = Path("/tmp/hpt_wheel_dist")
+    shutil.rmtree(dist, ignore_errors=True)
+    out["build_s"], p = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)])
+    wheels = sorted(dist.glob("hptransfer-*.whl"))
+    if p.returncode or not wheels:
+        raise SystemExit(f"wheel build failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    out["wheel"] = wheels[0].name
+    shutil.rmtree(args.venv, ignore_errors=True)
+    py = args.venv / "bin" / "python"
+    out["venv_s"], _ = _run([sys.executable, "-m", "venv", str(args.venv)])
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+
+    def pip(*a: str):
+        if args.pip == "uv":
+            return _run([str(ROOT / ".venv" / "bin" / "uv"), "pip", "install", "--python", str(py), *a], env=env)
+        return _run([str(py), "-m", "pip", "install", "-q", *a], env=env)
+
+    out["user_torch_s"], p = pip(USER_TORCH)
+    if p.returncode:
+        raise SystemExit(f"installing the user's torch failed:\n{p.stderr[-2000:]}")
+    torch_before = subprocess.run(
+        [str(py), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
+    ).stdout.strip()
+    keep = [f"torch=={torch_before.split('+')[0]}"] if args.keep_torch else []
+    out["install_command"] = " ".join(["pip install", wheels[0].name, *keep])
+    out["install_s"], p = pip(str(wheels[0]), *keep)
+    out["install_ok"] = p.returncode == 0
+    if p.returncode:
+        out["install_error"] = (p.stdout + p.stderr)[-3000:]
+    torch_after = subprocess.run(
+        [str(py), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
+    ).stdout.strip()
+    out["torch"] = {"before": torch_before, "after": torch_after, "kept": torch_before == torch_after}
+    hpt = args.venv / "bin" / "hpt"
+    _, p = _run([str(py), "-c", "import torchvision"], env=env)
+    out["torchvision_imports"] = p.returncode == 0  # False: a broken one, which hptransfer hides (hptransfer/__init__.py)
+    _, p = _run([str(hpt), "--help"], env=env)
+    out["help_ok"] = p.returncode == 0 and "Usage" in p.stdout
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import e2e_spec_dict
+
+    work = Path("/tmp/hpt_wheel_work")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    (work / "spec.yaml").write_text(yaml.safe_dump(e2e_spec_dict()))
+    out["run_s"], p = _run([str(hpt), "run", "spec.yaml", "--study-dir", "study"], cwd=work, env=env, timeout=1200)
+    out["run_ok"] = p.returncode == 0 and "study done" in p.stdout
+    out["run_tail"] = p.stdout[-1500:] + p.stderr[-1500:]
+    out["verdict"] = (
+        "works"
+        if out["install_ok"] and out["torch"]["kept"] and out["help_ok"] and out["run_ok"]
+        else "does not work: see install_error / torch / run_tail"
+    )
+    write_json(args.out, out)
+    print({k: v for k, v in out.items() if k not in ("run_tail", "install_error", "machine")})
+    return out
+
+
+if __name__ == "__main__":
+    main()
