@@ -29,6 +29,7 @@ class SigtermWatch:
 
     def __init__(self, stage: str):
         self.stage, self.at, self._forwarded = stage, None, False
+        self._announce: threading.Thread | None = None
 
     @property
     def requested(self) -> bool:
@@ -37,12 +38,18 @@ class SigtermWatch:
     def check(self, where: str) -> None:
         """At a boundary: raise StagePreempted when SIGTERM came."""
         if self.requested:
+            self.settle()
             raise StagePreempted(f"the {self.stage} stopped on SIGTERM {where}; run the same command again to continue")
+
+    def settle(self) -> None:
+        """Wait for the SIGTERM line (and Tune's interrupt) that the handler left to a thread."""
+        if self._announce is not None:
+            self._announce.join(timeout=10)
 
     def forward_to_tune(self) -> bool:
         """Hand the stop to Ray Tune's interrupt handler (installed for SIGUSR1 while Tuner.fit runs),
-        once. False while none is installed (SIGTERM came before the fit began: `TuneForwarder`
-        hands it over at Tune's first step)."""
+        once, from the main thread (Tune's handler calls `signal.signal`): `TuneForwarder` at Tune's
+        next step. False while none is installed."""
         if self._forwarded:
             return True
         handler = signal.getsignal(signal.SIGUSR1)
@@ -57,7 +64,7 @@ _CURRENT: list[SigtermWatch] = []  # the open watches, innermost last
 
 
 def forward_pending() -> None:
-    """Hand a SIGTERM that came before `Tuner.fit` installed its handler to Tune."""
+    """Hand a pending SIGTERM to Tune: from its step callback, in the main thread, outside the signal."""
     if _CURRENT and _CURRENT[-1].requested:
         _CURRENT[-1].forward_to_tune()
 
@@ -78,8 +85,8 @@ def tune_forwarder():
 
 
 @contextlib.contextmanager
-def watch(stage: str, log=print, *, tune: bool = False):
-    """SIGTERM while the block runs sets the watch (and, with `tune`, interrupts Ray Tune); the
+def watch(stage: str, log=print):
+    """SIGTERM while the block runs sets the watch (a sweep's `TuneForwarder` then interrupts Tune); the
     previous handler is restored after. In the main thread only (Python delivers signals there);
     elsewhere the block runs unwatched."""
     w = SigtermWatch(stage)
@@ -87,13 +94,20 @@ def watch(stage: str, log=print, *, tune: bool = False):
         yield w
         return
 
+    def announce() -> None:
+        log(f"{stage}: SIGTERM: stopping at the next boundary it can resume from")
+
     def handler(signum, frame):
+        # Only the flag here: the signal can land while the main thread is inside a log handler's
+        # write or flush, and logging from the handler then re-enters that stream ("reentrant call
+        # inside BufferedWriter"). Our line goes from a thread, which waits for the handler's lock
+        # like any other writer (`check` waits for it); Tune's interrupt, which logs too and must
+        # run in the main thread, is called by `TuneForwarder` at Tune's next step.
         if w.requested:
             return
         w.at = time.time()
-        log(f"{stage}: SIGTERM: stopping at the next boundary it can resume from")
-        if tune:
-            w.forward_to_tune()
+        w._announce = threading.Thread(target=announce, name="hpt-sigterm", daemon=True)
+        w._announce.start()
 
     previous = signal.signal(signal.SIGTERM, handler)
     _CURRENT.append(w)

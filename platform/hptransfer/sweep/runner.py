@@ -157,7 +157,7 @@ def run_sweep_task(study: StudyContext, task: SweepTask, *, restart: bool = Fals
     from hptransfer import preempt
 
     # the watch after Ray is up: ray.init installs its own SIGTERM handler in the driver (exit 15)
-    with study.ray_session(), preempt.watch("sweep", log=log, tune=True) as sigterm:
+    with study.ray_session(), preempt.watch("sweep", log=log) as sigterm:
         import ray
 
         check_resources(task.resources, ray.cluster_resources(), {"cpu": "cpus_per_trial", "gpu": "gpus_per_trial"})
@@ -207,6 +207,7 @@ def run_sweep_task(study: StudyContext, task: SweepTask, *, restart: bool = Fals
         _ANNOUNCED.discard(task.experiment)
         grid = tuner.fit()
         if sigterm.requested:  # Tune stopped its trials and wrote its state: no table from a part of the sweep
+            sigterm.settle()
             raise preempt.StagePreempted(
                 f"the sweep stopped on SIGTERM; Tune's state is saved in {exp_dir} (finished trials are kept, the "
                 "interrupted ones run again): run the same command again to continue"
