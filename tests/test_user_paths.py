@@ -96,7 +96,7 @@ def test_the_handoff_conformance_losses_are_the_large_runs_losses(stopped_then_t
     """The large run: 2 Ray Train workers, DeepSpeed ZeRO-1, 4 sequences each, the loss all-reduced.
     The hand-off: one process, the 8 sequences at once. Equal up to float summation order, which
     training then amplifies: the plan's lr comes from this machine's sweep and may sit at the edge of
-    stability, where Adam turns a 1e-7 difference into 1e-3 within a few steps (CI, an AMD EPYC:
+    stability, where Adam turned a 2e-7 difference into 7e-4 within four steps (CI, an AMD EPYC:
     ≤ 2e-7 for steps 1–6, 7e-4 later; here ≤ 3e-7 throughout). So the first STRICT steps — the
     batches, the model and the first updates with their bias correction — are held to 1e-4, and
     the whole curve to 1e-2."""

@@ -42,7 +42,7 @@ class SigtermWatch:
             raise StagePreempted(f"the {self.stage} stopped on SIGTERM {where}; run the same command again to continue")
 
     def settle(self) -> None:
-        """Wait for the SIGTERM line (and Tune's interrupt) that the handler left to a thread."""
+        """Wait for the SIGTERM line that the handler left to a thread."""
         if self._announce is not None:
             self._announce.join(timeout=10)
 
@@ -61,6 +61,15 @@ class SigtermWatch:
 
 
 _CURRENT: list[SigtermWatch] = []  # the open watches, innermost last
+
+
+def log_later(log, line: str) -> threading.Thread:
+    """Write `line` from a thread: for a signal handler, which may have interrupted the main thread
+    inside a log handler's write or flush, where logging again re-enters that stream ("reentrant
+    call inside BufferedWriter"). The thread waits for the handler's lock like any other writer."""
+    t = threading.Thread(target=log, args=(line,), name="hpt-sigterm", daemon=True)
+    t.start()
+    return t
 
 
 def forward_pending() -> None:
@@ -94,20 +103,14 @@ def watch(stage: str, log=print):
         yield w
         return
 
-    def announce() -> None:
-        log(f"{stage}: SIGTERM: stopping at the next boundary it can resume from")
-
     def handler(signum, frame):
-        # Only the flag here: the signal can land while the main thread is inside a log handler's
-        # write or flush, and logging from the handler then re-enters that stream ("reentrant call
-        # inside BufferedWriter"). Our line goes from a thread, which waits for the handler's lock
-        # like any other writer (`check` waits for it); Tune's interrupt, which logs too and must
-        # run in the main thread, is called by `TuneForwarder` at Tune's next step.
+        # Only the flag here, the line from a thread (`log_later`; `check` waits for it); Tune's
+        # interrupt, which logs too and must run in the main thread, is called by `TuneForwarder`
+        # at Tune's next step.
         if w.requested:
             return
         w.at = time.time()
-        w._announce = threading.Thread(target=announce, name="hpt-sigterm", daemon=True)
-        w._announce.start()
+        w._announce = log_later(log, f"{stage}: SIGTERM: stopping at the next boundary it can resume from")
 
     previous = signal.signal(signal.SIGTERM, handler)
     _CURRENT.append(w)

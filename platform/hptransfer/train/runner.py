@@ -218,13 +218,12 @@ def stop_on_sigterm(paths, log_line):
             yield
             return
 
+        from hptransfer.preempt import log_later
+
         def handler(signum, frame):
             if not paths.stop_request.exists():
                 write_json(paths.stop_request, {"signal": "SIGTERM", "time": time.time()})
-                # The line from a thread: logging inside the handler re-enters a log stream that the
-                # main thread may be writing at that instant (see preempt.watch).
-                line = "train: SIGTERM: stopping at the next step boundary, after a checkpoint"
-                threading.Thread(target=log_line, args=(line,), name="hpt-sigterm", daemon=True).start()
+                log_later(log_line, "train: SIGTERM: stopping at the next step boundary, after a checkpoint")
 
         previous = signal.signal(signal.SIGTERM, handler)
         try:
