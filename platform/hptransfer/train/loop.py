@@ -104,6 +104,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             "mlflow_writes": tracker.writes,
             "mlflow_first_write_s": tracker.first_s,
             "memory_per_rank": kit.memory_per_rank(),
+            "placement": kit.placement(),
         }
     )
     folder = kit.save_checkpoint(recipe, final["step"], history, say=progress.line)
@@ -177,6 +178,27 @@ class WorkerKit:
             rows = [o.tolist() for o in out]
         keys = ("rss_start_mb", "rss_peak_mb", "rss_steps_max_mb", "device_peak_mb")  # ru_maxrss: KiB on Linux
         return [{k: round(v, 1) for k, v in zip(keys, r) if math.isfinite(v)} for r in rows]
+
+    def placement(self) -> dict[str, Any]:
+        """Where every rank ran, gathered to all: its Ray node, host and pid, and how many nodes the
+        group spans (a run spread over nodes says so in its record, not only in Ray's dashboard)."""
+        import socket
+
+        import ray
+
+        mine = {
+            "rank": self.rank,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        rows = [mine]
+        if self.world > 1:
+            import torch.distributed as dist
+
+            rows = [None] * self.world
+            dist.all_gather_object(rows, mine)
+        return {"ranks": rows, "nodes": len({r["node_id"] for r in rows})}
 
     def tracker(self, resumed_from: int | None):
         """Rank 0 logs every step's metrics; they reach MLflow in one write at most every

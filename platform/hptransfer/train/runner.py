@@ -113,6 +113,10 @@ def run_train(
         if path.exists():
             tracker.log_artifact(path)
     tracker.log_metrics({f"final_{k}": v for k, v in metrics.items() if k in FINAL_METRICS})
+    if placed := (_read_json(paths.metrics).get("final") or {}).get("placement"):  # rank 0's record
+        tracker.set_tags({"hpt.nodes": placed["nodes"]})
+        if placed["nodes"] > 1:
+            log(f"large run: its {len(placed['ranks'])} ranks ran on {placed['nodes']} nodes")
     tracker.end("FINISHED" if metrics.get("status") == "ok" else "FAILED")
     if launch.summary:
         log(launch.summary(metrics))
