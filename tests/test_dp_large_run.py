@@ -348,3 +348,15 @@ def test_killed_worker_resumes_with_the_accountant_and_matches_epsilon(uninterru
     # Same samples and noise per step, model/optimizer/schedule restored: the same run.
     assert metrics["train_loss"] == pytest.approx(ref["train_loss"], rel=1e-4)
     assert metrics["val_loss"] == pytest.approx(ref["val_loss"], rel=1e-4)
+
+
+def test_an_elastic_group_is_refused_for_a_private_run(plan):
+    """train.min_workers (issue 39): the private run's Poisson sampling per rank and its accountant
+    assume a fixed group, so a dp plan with a worker range is refused, naming the field."""
+    from hptransfer.errors import PlanError
+    from hptransfer.train import private
+
+    data = plan.model_dump(mode="json")
+    data["train"].update(workers=2, min_workers=1)
+    with pytest.raises(PlanError, match=r"train.min_workers=1: the private run's group is fixed"):
+        private.launch(TransferPlan.model_validate(data))

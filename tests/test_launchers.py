@@ -523,22 +523,17 @@ def test_the_large_run_across_two_nodes_has_the_losses_of_one_node(cluster: Loop
     assert finals["two_nodes"]["val_loss"] == pytest.approx(finals["one_node"]["val_loss"], rel=1e-4)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-@pytest.mark.skipif(
+MULTINODE_FAULTS = pytest.mark.skipif(
     os.environ.get("HPT_MULTINODE_FAULTS") != "1",
-    reason="~3 min and it kills this module's worker node: run with HPT_MULTINODE_FAULTS=1 (kept out of CI's budget)",
+    reason="~3 min and it kills a worker node: run with HPT_MULTINODE_FAULTS=1 (kept out of CI's budget)",
 )
-def test_a_lost_worker_node_stops_the_large_run_with_the_line_that_continues_it(cluster: LoopbackCluster, tmp_path: Path) -> None:
-    """The large run's 2 workers on the two nodes (1 CPU each); the worker node's processes killed
-    mid-run. Ray Train cannot place 2 workers on what is left: the run stops after
-    runner.placement_tries (not hang, as Ray Train V2's unbounded retries did), naming what it needs,
-    exit 75. Runs last in this module: the cluster has one node afterwards."""
 
+
+def _lose_the_worker_node_mid_run(cluster: LoopbackCluster, study: Path, plan) -> tuple[int, str]:
+    """`hpt train` of `plan` on the cluster (one rank a node); once a checkpoint of step ≥ 3 is on disk
+    the worker node's processes are killed. Returns the driver's exit status and output."""
     from hptransfer.plan import save_plan
 
-    plan = _small_plan("lost-node", 40, checkpoint_every=1, max_failures=1)  # it tries to restart
-    study = tmp_path / "study"
     save_plan(plan, study / "transfer_plan.yaml")
     env = {**cluster.env, "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
     p = subprocess.Popen(
@@ -566,6 +561,41 @@ def test_a_lost_worker_node_stops_the_large_run_with_the_line_that_continues_it(
             if proc.environ().get("RAY_TMPDIR", "").startswith(worker_node) or worker_node in " ".join(proc.cmdline()):
                 proc.kill()
     out, _ = p.communicate(timeout=400)
-    assert p.returncode == 75, out[-4000:]
+    return p.returncode, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@MULTINODE_FAULTS
+def test_a_lost_worker_node_lets_an_elastic_large_run_go_on_with_one_worker(tmp_path: Path) -> None:
+    """Issue 39 item 2: with train.min_workers 1 (Ray Train's elastic ScalingConfig((1, 2))) the same
+    loss of the worker node does not stop the run: Ray Train restarts the group with the 1 worker the
+    head node can place, which resumes from the 2-rank checkpoint through a DeepSpeed universal
+    checkpoint (said in one line) and finishes; exit 0. Its own cluster: this one loses a node."""
+    c = LoopbackCluster()
+    try:
+        c.start()
+        plan = _small_plan("elastic", 40, checkpoint_every=1, max_failures=1, min_workers=1)
+        code, out = _lose_the_worker_node_mid_run(c, tmp_path / "study", plan)
+    finally:
+        c.stop()
+    assert code == 0, out[-4000:]
+    assert "1-2 workers (elastic)" in out, out[-3000:]
+    assert "was written by 2 workers, this group has 1: resuming from its DeepSpeed universal checkpoint" in out, out[-3000:]
+    final = json.loads((tmp_path / "study" / "train" / "train_metrics.json").read_text())["final"]
+    assert final["status"] == "ok" and final["step"] == 40 and len(final["placement"]["ranks"]) == 1, final
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@MULTINODE_FAULTS
+def test_a_lost_worker_node_stops_the_large_run_with_the_line_that_continues_it(cluster: LoopbackCluster, tmp_path: Path) -> None:
+    """The large run's 2 workers on the two nodes (1 CPU each); the worker node's processes killed
+    mid-run. Ray Train cannot place 2 workers on what is left: the run stops after
+    runner.placement_tries (not hang, as Ray Train V2's unbounded retries did), naming what it needs,
+    exit 75. Runs last in this module: the cluster has one node afterwards."""
+    plan = _small_plan("lost-node", 40, checkpoint_every=1, max_failures=1)  # it tries to restart
+    code, out = _lose_the_worker_node_mid_run(cluster, tmp_path / "study", plan)
+    assert code == 75, out[-4000:]
     assert "the cluster could not place its 2 workers × 1 CPU (3 tries; a node lost or preempted?)" in out, out[-3000:]
     assert "--resume" in out and "Traceback" not in out.split("stopped:")[-1]

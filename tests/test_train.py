@@ -223,3 +223,36 @@ def test_zero3_with_cpu_offload_stops_and_resumes_on_the_uninterrupted_curve(uni
     assert len(l3) == STEPS, len(l3)
     assert max(abs(a - b) / abs(a) for a, b in zip(l1, l3)) < 1e-3, (l1, l3)
     assert m3["val_loss"] == pytest.approx(m1["val_loss"], rel=1e-3)
+
+
+def test_a_checkpoint_of_2_workers_resumes_on_1_and_back_on_the_uninterrupted_curve(uninterrupted, tmp_path):
+    """Issue 39 item 2: the uninterrupted run's plan stopped at a checkpoint with 2 workers, resumed with
+    1 (its ZeRO-1 partitions of 2 ranks converted to a DeepSpeed universal checkpoint), stopped again,
+    and finished with 2 (converted back): the per-step losses of all three legs follow the uninterrupted
+    run's within 1e-3 relative (the reductions differ in order), so weights, Adam moments, step count,
+    LR schedule and data order crossed both changes of world size; each change is said in one line."""
+    from hptransfer.train.runner import TrainingPreempted
+
+    out1, m1 = uninterrupted
+    two, one = _plan(stop_checkpoint_after_s=0), _plan(stop_checkpoint_after_s=0, workers=1)
+    legs = []
+    for plan, at_least, resume in ((two, 10, False), (one, 25, True)):
+        watcher = threading.Thread(target=_stop_after_checkpoint, args=(tmp_path, at_least), daemon=True)
+        watcher.start()
+        with pytest.raises(TrainingPreempted):
+            run_train(plan, tmp_path, resume=resume)
+        watcher.join(5)
+        legs.append(json.loads((tmp_path / "train" / "progress.json").read_text())["checkpoint_step"])
+    assert 10 <= legs[0] < legs[1] < STEPS, legs
+    m = run_train(two, tmp_path, resume=True)
+    assert m["status"] == "ok" and m["step"] == STEPS and m["resumed_from_step"] == legs[1]
+    said = (tmp_path / "train" / "progress.log").read_text()
+    assert "was written by 2 workers, this group has 1: resuming from its DeepSpeed universal checkpoint" in said, said
+    assert "was written by 1 worker, this group has 2: resuming from its DeepSpeed universal checkpoint" in said, said
+    l1 = [h["train_loss"] for h in json.loads((out1 / "train_metrics.json").read_text())["history"]]
+    l3 = [h["train_loss"] for h in json.loads((tmp_path / "train" / "train_metrics.json").read_text())["history"]]
+    assert len(l3) == STEPS, len(l3)
+    worst = max(abs(a - b) / abs(a) for a, b in zip(l1, l3))
+    print(f"2 -> 1 -> 2 workers vs uninterrupted: largest per-step relative loss difference {worst:.2e}")
+    assert worst < 1e-3, (l1, l3)
+    assert m["val_loss"] == pytest.approx(m1["val_loss"], rel=1e-3)

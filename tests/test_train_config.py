@@ -77,3 +77,35 @@ def test_offload_without_zero_is_refused_naming_both_fields():
     with pytest.raises(SpecError) as e:
         _plan(zero_stage=0, offload="cpu")
     assert "train.offload='cpu'" in str(e.value) and "train.zero_stage: 1, 2 or 3" in str(e.value)
+
+
+def test_a_universal_load_is_read_by_deepspeed_as_one():
+    """A checkpoint of another worker count (issue 39): the config asks DeepSpeed to load it as a
+    universal checkpoint, which DeepSpeed's own parser reads; otherwise it does not."""
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    assert DeepSpeedConfig(deepspeed_config(_plan(), workers=1, load_universal=True)).load_universal_checkpoint
+    assert not DeepSpeedConfig(deepspeed_config(_plan(), workers=1)).load_universal_checkpoint
+
+
+def test_min_workers_above_workers_is_refused_with_the_fix():
+    from hptransfer.errors import SpecError
+
+    with pytest.raises(SpecError) as e:
+        _plan(workers=2, min_workers=3)
+    assert "train.min_workers=3 is more than train.workers=2" in str(e.value) and "at most 2" in str(e.value)
+
+
+def test_an_elastic_range_every_count_of_which_must_split_the_batch():
+    """batch 12 over 1..5 workers: 5 does not divide it (all such counts named, with a batch that works);
+    over 2..4 every count does, and the plain large run's launch accepts it."""
+    from hptransfer.train import plain
+    from hptransfer.train.dsconfig import check_worker_range
+
+    with pytest.raises(PlanError) as e:
+        check_worker_range(_plan(workers=5, min_workers=1))
+    assert "not divisible by [5]" in str(e.value) and "1..5" in str(e.value) and "e.g. 60" in str(e.value)
+    ok = _plan(workers=4, min_workers=2)
+    assert ok.train.worker_range == (2, 4) and "2-4 workers (elastic)" in plain.launch(ok).announce
+    with pytest.raises(PlanError, match=r"not divisible by \[5\]"):
+        plain.launch(_plan(workers=5, min_workers=4))

@@ -12,6 +12,14 @@ from hptransfer.spec.base import Precision, _Strict
 
 class TrainSpec(_Strict):
     workers: int = Field(2, ge=1, description="Ray Train workers (processes); DeepSpeed data-parallel ranks.")
+    min_workers: int | None = Field(
+        None,
+        ge=1,
+        description="Elastic large run (Ray Train's ScalingConfig(num_workers=(min_workers, workers))): with a node "
+        "lost the run goes on with as few as this many workers, and grows back when room returns, resuming from its "
+        "checkpoint through a DeepSpeed universal checkpoint when the worker count changed. target.batch_size must "
+        "divide by every count in between. Default: workers (a fixed group: a lost node stops the run, exit 75).",
+    )
     zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
     offload: Literal["none", "cpu"] = Field(
         "none",
@@ -45,6 +53,20 @@ class TrainSpec(_Strict):
         "unless its newest one is younger than this (seconds; 0: always). Keep the time one checkpoint takes "
         "under the pod's grace period (deploy: terminationGracePeriodSeconds).",
     )
+
+    @property
+    def worker_range(self) -> tuple[int, int]:
+        """(fewest, most) workers of the large run: equal for a fixed group."""
+        return (self.min_workers or self.workers, self.workers)
+
+    @model_validator(mode="after")
+    def _min_workers_at_most_workers(self) -> TrainSpec:
+        if self.min_workers is not None and self.min_workers > self.workers:
+            raise ValueError(
+                f"train.min_workers={self.min_workers} is more than train.workers={self.workers}; set it to at most "
+                f"{self.workers} (or leave it out for a fixed group)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _offload_needs_zero(self) -> TrainSpec:

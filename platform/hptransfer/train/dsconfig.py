@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 from hptransfer.errors import PlanError
 from hptransfer.plan import TransferPlan
 
@@ -18,7 +20,26 @@ def micro_batching(global_batch: int, workers: int, max_micro: int | None = None
     return micro, per_worker // micro
 
 
-def deepspeed_config(plan: TransferPlan, workers: int, *, bf16: bool = False, max_micro_batch: int | None = None) -> dict:
+def check_worker_range(plan: TransferPlan) -> None:
+    """Every worker count an elastic run may have must split the global batch evenly (all reported)."""
+    lo, hi = plan.train.worker_range
+    bad = [n for n in range(lo, hi + 1) if plan.target.batch_size % n]
+    if bad:
+        raise PlanError(
+            f"target.batch_size={plan.target.batch_size} is not divisible by {bad} of the worker counts "
+            f"train.min_workers..train.workers = {lo}..{hi} allow; pick a batch size every count divides "
+            f"(e.g. {math.lcm(*range(lo, hi + 1))}) or narrow the range"
+        )
+
+
+def deepspeed_config(
+    plan: TransferPlan,
+    workers: int,
+    *,
+    bf16: bool = False,
+    max_micro_batch: int | None = None,
+    load_universal: bool = False,
+) -> dict:
     # Every ZeRO stage, µP included: the large run trains the plan's folded, plain model with AdamW's
     # per-parameter groups (train/plain.py: training_run; handoff/fold.py), so nothing reads µP's
     # `infshape` once training starts, and ZeRO-3's flat partitions lose nothing (issue 39). The
@@ -38,6 +59,8 @@ def deepspeed_config(plan: TransferPlan, workers: int, *, bf16: bool = False, ma
         "bf16": {"enabled": bf16},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
+        # A checkpoint written by another worker count is loaded as a universal checkpoint (train/plain.py).
+        **({"checkpoint": {"load_universal": True}} if load_universal else {}),
     }
 
 

@@ -51,6 +51,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     start, history = client.get("step", 0), client.get("history", [])
     kit.checkpointed(start, restored)
     tracker = kit.tracker(resumed_from=start if restored else None)
+    notes += getattr(recipe, "notes", [])  # e.g. a checkpoint of another worker count, converted
     Progress.say(kit.paths, notes, enabled=kit.rank == 0)  # torn checkpoints skipped, before "resumed from"
     progress = Progress(kit.paths, steps, start, enabled=kit.rank == 0)  # lines the driver prints; progress.json
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from hptransfer.plan import TransferPlan
-from hptransfer.train.dsconfig import deepspeed_config
+from hptransfer.train.dsconfig import check_worker_range, deepspeed_config
 from hptransfer.train.recipe import Launch, StepResult
 
 if TYPE_CHECKING:
@@ -37,12 +37,15 @@ CKPT_TAG = "state"
 def launch(plan: TransferPlan) -> Launch:
     """The driver's part: the DeepSpeed config is built (and a bad one refused) before any worker
     starts; the workers build the same one."""
+    check_worker_range(plan)
     ds_cfg = deepspeed_config(plan, plan.train.workers, bf16=plan.train.precision == "bf16")
+    lo, hi = plan.train.worker_range
     return Launch(
         recipe="plain",
         announce=(
             f"train: width {plan.target.width}, {plan.target.steps} steps, global batch {plan.target.batch_size}, "
-            f"{plan.train.workers} workers, ZeRO-{plan.train.zero_stage}, {plan.train.precision}, lr {plan.hps.lr:.4g}"
+            + (f"{hi} worker{'s' * (hi > 1)}" if lo == hi else f"{lo}-{hi} workers (elastic)")
+            + f", ZeRO-{plan.train.zero_stage}, {plan.train.precision}, lr {plan.hps.lr:.4g}"
         ),
         params={"zero_stage": plan.train.zero_stage, "precision": plan.train.precision},
         files={"deepspeed_config": ds_cfg},
@@ -69,7 +72,7 @@ def training_run(plan: TransferPlan) -> TrainingSetup:
     )
 
 
-def deepspeed_engine(plan: TransferPlan, run: TrainingSetup, world: int):
+def deepspeed_engine(plan: TransferPlan, run: TrainingSetup, world: int, *, load_universal: bool = False):
     """`run` wrapped in a DeepSpeed engine in `train.precision` (gradient_clipping = the plan's
     grad_clip), on the worker's device (with GPUs: the one Ray Train assigned, which DeepSpeed
     would otherwise guess from LOCAL_RANK). Returns (engine, ds_config)."""
@@ -79,7 +82,7 @@ def deepspeed_engine(plan: TransferPlan, run: TrainingSetup, world: int):
 
     from hptransfer.models.device import worker_device
 
-    ds_cfg = deepspeed_config(plan, world, bf16=plan.train.precision == "bf16")
+    ds_cfg = deepspeed_config(plan, world, bf16=plan.train.precision == "bf16", load_universal=load_universal)
     device = worker_device(plan.train.gpus_per_worker)
     args = SimpleNamespace(device_rank=device.index or 0) if device.type == "cuda" else None
     # µP's parameter groups exist before DeepSpeed sees the optimizer.
@@ -89,12 +92,12 @@ def deepspeed_engine(plan: TransferPlan, run: TrainingSetup, world: int):
     return engine, ds_cfg
 
 
-def build_engine(plan: TransferPlan, world: int):
+def build_engine(plan: TransferPlan, world: int, *, load_universal: bool = False):
     """Both halves: (engine, ds_config, lr_factor). `engine.hpt_folded` is the fold's record."""
     run = training_run(plan)
     names = {id(p): n for n, p in run.model.named_parameters()}
     group_names = [[names[id(p)] for p in g["params"]] for g in run.optimizer.param_groups]
-    engine, ds_cfg = deepspeed_engine(plan, run, world)
+    engine, ds_cfg = deepspeed_engine(plan, run, world, load_universal=load_universal)
     # DeepSpeed's ZeRO optimizer keeps the client's groups in order, holding flat partitions instead of parameters.
     engine.hpt_folded, engine.hpt_group_names = run.folded, group_names
     return engine, ds_cfg, run.lr_factor
@@ -115,6 +118,50 @@ def train_step(engine, x: torch.Tensor, y: torch.Tensor, micro: int) -> torch.Te
     return loss
 
 
+# --- another worker count: DeepSpeed's universal checkpoint ------------------------------------------
+
+
+def checkpoint_world(folder: Path) -> int:
+    """How many data-parallel ranks wrote a checkpoint's ZeRO partitions (its zero_pp_rank_<r>_*
+    optimizer files; ZeRO-1/2/3); 0 without partitions (ZeRO-0 keeps the whole optimizer state in
+    the model file, which any worker count loads)."""
+    return len(list((folder / CKPT_TAG).glob("zero_pp_rank_*_optim_states.pt")))
+
+
+def to_universal(folder: Path, out: Path) -> Path:
+    """`folder`'s checkpoint as a DeepSpeed universal checkpoint in `out` (DeepSpeed's own converter,
+    deepspeed.checkpoint.ds_to_universal: each parameter's fp32 weights and Adam moments whole,
+    loadable by any data-parallel size with `checkpoint.load_universal`). Whole or absent: written to a
+    sibling and renamed; kept, so a restart of the same resume converts once."""
+    import contextlib
+    import io
+    import shutil
+    from types import SimpleNamespace
+
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    if (out / CKPT_TAG / "zero").is_dir():
+        return out
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    args = SimpleNamespace(
+        input_folder=str(folder / CKPT_TAG),
+        output_folder=str(tmp / CKPT_TAG),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,  # our client state does not carry Megatron's universal_checkpoint_info
+    )
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its prints, tqdm bars
+        ds_to_universal(args)
+    for old in out.parent.glob("*"):  # the conversion of an older checkpoint is spent
+        if old != tmp:
+            shutil.rmtree(old, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
 # --- the recipe in a worker -------------------------------------------------------------------------
 
 
@@ -123,6 +170,7 @@ class PlainRecipe:
 
     def __init__(self, kit: WorkerKit):
         self.kit, self.plan = kit, kit.plan
+        self.notes: list[str] = []  # set-up lines for the driver's console (rank 0's are shown)
 
     def setup(self, restored: Path | None) -> dict[str, Any]:
         from hptransfer.data import open_corpus
@@ -133,7 +181,22 @@ class PlainRecipe:
         import transformers  # noqa: F401
 
         kit.mark_memory_start()
-        self.engine, self.ds_cfg, self.lr_factor = build_engine(plan, kit.world)
+        saved = checkpoint_world(restored) if restored is not None else 0
+        universal = saved > 0 and saved != kit.world  # an elastic group resized, or the plan's workers changed
+        if universal:
+            import torch.distributed as dist
+
+            out = kit.paths.root / "universal_checkpoint" / restored.name  # train/: every rank sees it
+            if kit.rank == 0:
+                to_universal(restored, out)
+            dist.barrier()
+            self.notes.append(
+                f"train: the checkpoint {restored.name} was written by {saved} worker{'s' * (saved > 1)}, this group "
+                f"has {kit.world}: "
+                f"resuming from its DeepSpeed universal checkpoint ({out.relative_to(kit.paths.root)})"
+            )
+            restored = out
+        self.engine, self.ds_cfg, self.lr_factor = build_engine(plan, kit.world, load_universal=universal)
         if kit.rank == 0:
             # What the running engine actually applies per parameter group (a test compares it with the plan).
             write_json(

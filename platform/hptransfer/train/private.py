@@ -213,6 +213,11 @@ def launch(plan: TransferPlan, *, dp_seed: int | None = None) -> Launch:
     written; the run's seed drawn secretly (`dp_seed` only for reproducible research runs)."""
     from hptransfer.dp.lm import sequence_count
 
+    if plan.train.min_workers is not None and plan.train.min_workers < plan.train.workers:
+        raise PlanError(
+            f"train.min_workers={plan.train.min_workers}: the private run's group is fixed (its per-rank Poisson "
+            "sampling and accountant assume train.workers ranks throughout); leave train.min_workers out for a dp plan"
+        )
     run = check_private_plan(plan, sequence_count(plan.data, plan.target.seq_len))
     return Launch(
         recipe="private",

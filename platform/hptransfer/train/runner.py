@@ -317,11 +317,13 @@ def fit_on_ray_train(ctx: StudyContext, plan: TransferPlan, loop, loop_config: d
     from ray.train.torch import TorchConfig, TorchTrainer
 
     paths, gpus = ctx.paths.train, plan.train.gpus_per_worker
+    lo, hi = plan.train.worker_range
     trainer = TorchTrainer(
         loop,
         train_loop_config=loop_config,
         scaling_config=ScalingConfig(
-            num_workers=plan.train.workers,
+            # (min, max): Ray Train's elastic group, resized to what the cluster can place (train.min_workers).
+            num_workers=plan.train.workers if lo == hi else (lo, hi),
             use_gpu=gpus > 0,
             resources_per_worker={"CPU": plan.train.cpus_per_worker, **({"GPU": gpus} if gpus else {})},
         ),
