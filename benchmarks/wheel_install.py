@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
         help="install as the README says: the user's torch version named in the same pip command (else pip may upgrade it)",
     )
     ap.add_argument("--out", type=Path, default=RESULTS / "wheel_install.json")
+    ap.add_argument("--check", action="store_true", help="exit 1 unless it works (the CI step: .ci/run)")
     args = ap.parse_args(argv)
     import yaml
 
@@ -68,18 +69,22 @@ def main(argv: list[str] | None = None) -> dict:
     out["venv_s"], _ = _run([sys.executable, "-m", "venv", str(args.venv)])
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
 
-    def pip(*a: str):
-        if args.pip == "uv":
-            return _run([str(ROOT / ".venv" / "bin" / "uv"), "pip", "install", "--python", str(py), *a], env=env)
+    def pip(*a: str, tool: str = args.pip):
+        if tool == "uv":  # uv does not read pip's configuration: the local wheel folders pip is pointed at
+            links = [x for d in uv_find_links() for x in ("--find-links", d)]
+            return _run([str(ROOT / ".venv" / "bin" / "uv"), "pip", "install", "--python", str(py), *links, *a], env=env)
         return _run([str(py), "-m", "pip", "install", "-q", *a], env=env)
 
-    out["user_torch_s"], p = pip(USER_TORCH)
+    # The user's torch as the user has it (pip and its configuration: here the local CPU build).
+    out["user_torch_s"], p = pip(USER_TORCH, tool="pip")
     if p.returncode:
         raise SystemExit(f"installing the user's torch failed:\n{p.stderr[-2000:]}")
     torch_before = subprocess.run(
         [str(py), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True
     ).stdout.strip()
-    keep = [f"torch=={torch_before.split('+')[0]}"] if args.keep_torch else []
+    # The version named as the user's pip shows it (uv: with its local tag, +cpu here; else uv may pick
+    # another build of the same version from an index).
+    keep = [f"torch=={torch_before if args.pip == 'uv' else torch_before.split('+')[0]}"] if args.keep_torch else []
     out["install_command"] = " ".join(["pip install", wheels[0].name, *keep])
     out["install_s"], p = pip(str(wheels[0]), *keep)
     out["install_ok"] = p.returncode == 0
@@ -112,7 +117,18 @@ def main(argv: list[str] | None = None) -> dict:
     )
     write_json(args.out, out)
     print({k: v for k, v in out.items() if k not in ("run_tail", "install_error", "machine")})
+    if args.check and out["verdict"] != "works":
+        print(out.get("install_error", "") + out["run_tail"], file=sys.stderr)
+        raise SystemExit(f"wheel install check failed: {out['verdict']}")
     return out
+
+
+def uv_find_links() -> list[str]:
+    """The local wheel folders pip is configured with (PIP_FIND_LINKS, pip's global.find-links)."""
+    found = os.environ.get("PIP_FIND_LINKS", "").split()
+    p = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.find-links"], capture_output=True, text=True)
+    found += p.stdout.split() if p.returncode == 0 else []
+    return [d for d in dict.fromkeys(found) if os.path.isdir(d)]
 
 
 if __name__ == "__main__":
