@@ -322,6 +322,7 @@ def summarise(
         # A shared box changes trial speed between sweeps; W against the sweep's ideal time
         # (Σtrain_s / CPUs) separates "grows with the work" from "load changed".
         fit["wall_vs_ideal_fit"] = linear_fit([(r["sum_train_s"] / CPUS, r["wall_s"]) for r in runs])
+    goal = marginal_goal(runs) if len(runs) >= 3 else None
     return {
         "benchmark": "sweep_overhead",
         "complete": complete,
@@ -356,6 +357,56 @@ def summarise(
         "ray_reference": RAY_REFERENCE,
         "target": "overhead_share < 0.05 at 5–10 s trials (issue 3)",
         "meets_target": ref["overhead_share"] < 0.05,
+        **flat_goal(goal),
+    }
+
+
+def flat_goal(goal: dict | None) -> dict:
+    """The goal's figures as top-level scalar fields (`issue39_*`: BENCHMARKS.md's field table)."""
+    if not goal:
+        return {}
+    return {f"issue39_{k}": (f"[{v[0]:g}, {v[1]:g}]" if isinstance(v, list) else v) for k, v in goal.items()}
+
+
+GOAL_MARGINAL = 0.05  # issue 39: marginal overhead per trial <= 5% of its step time, trials of >= 5 s
+GOAL_TRIAL_S = 5.0
+
+
+def marginal_goal(runs: list[dict]) -> dict:
+    """Issue 39's goal, from the sweeps' own W = a + b·N: the marginal cost of one more trial is b
+    CPU-seconds ×CPUS; its overhead is b·CPUS / mean train_s − 1 (0: each trial adds only its training
+    steps), with a 95% interval from the slope's OLS standard error (Student t, n − 2 dof); the fixed
+    cost a (Ray start, first trial processes) reported beside it. Verdict from the interval: met when
+    its upper end is ≤ 5%, not met when its lower end is above, else inconclusive."""
+    import numpy as np
+    from scipy.stats import t as student
+
+    n = np.array([r["trials"] for r in runs], float)
+    w = np.array([r["wall_s"] for r in runs], float)
+    b, a = np.polyfit(n, w, 1)
+    dof = len(n) - 2
+    s2 = float(((w - (a + b * n)) ** 2).sum()) / dof
+    sxx = float(((n - n.mean()) ** 2).sum())
+    se_b, se_a = (s2 / sxx) ** 0.5, (s2 * (1 / len(n) + n.mean() ** 2 / sxx)) ** 0.5
+    q = float(student.ppf(0.975, dof))
+    train = sum(r["sum_train_s"] for r in runs) / sum(r["trials"] for r in runs)
+    m = b * CPUS / train - 1
+    lo, hi = (b - q * se_b) * CPUS / train - 1, (b + q * se_b) * CPUS / train - 1
+    long_enough = train >= GOAL_TRIAL_S
+    verdict = ("met" if hi <= GOAL_MARGINAL else "not met" if lo > GOAL_MARGINAL else "inconclusive (the interval spans 5%)") + (
+        "" if long_enough else f" (trials of {train:.2g} s: shorter than the goal's {GOAL_TRIAL_S:g} s)"
+    )
+    return {
+        "goal": f"marginal overhead per trial <= {GOAL_MARGINAL:.0%} of its step time at trials of >= {GOAL_TRIAL_S:g} s, "
+        "resident Ray, fixed cost beside it (issue 39)",
+        "mean_trial_train_s": round(train, 2),
+        "marginal_overhead": round(m, 4),
+        "marginal_overhead_ci95": [round(lo, 4), round(hi, 4)],
+        "marginal_cpu_s_per_trial": round(b * CPUS - train, 3),
+        "fixed_cost_s": round(float(a), 1),
+        "fixed_cost_ci95_s": [round(float(a - q * se_a), 1), round(float(a + q * se_a), 1)],
+        "sweeps": len(runs),
+        "verdict": verdict,
     }
 
 
