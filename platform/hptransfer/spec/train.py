@@ -16,8 +16,8 @@ class TrainSpec(_Strict):
         None,
         ge=1,
         description="Elastic large run (Ray Train's ScalingConfig(num_workers=(min_workers, workers))): with a node "
-        "lost the run goes on with as few as this many workers, and grows back when room returns, resuming from its "
-        "checkpoint through a DeepSpeed universal checkpoint when the worker count changed. target.batch_size must "
+        "lost the run goes on with as few as this many workers (Ray Train may grow it back when room returns), resuming "
+        "from its checkpoint through a DeepSpeed universal checkpoint when the worker count changed. target.batch_size must "
         "divide by every count in between. Default: workers (a fixed group: a lost node stops the run, exit 75).",
     )
     zero_stage: Literal[0, 1, 2, 3] = Field(1, description="DeepSpeed ZeRO stage.")
