@@ -172,7 +172,6 @@ def test_hpt_run_pretrains_then_fine_tunes_privately_from_its_own_handoff(hpt_ru
     [
         ({"data": None}, r"dp.tuning_data \(null: `data`\) is the private corpus \(stdlib; dp.data is null"),
         ({"tuning_data": DP["data"]}, r"dp.tuning_data is the private corpus \(prose, dp.data\)"),
-        ({"tuning": "private"}, r"dp.tuning: private .* is not built yet; use dp.tuning: public"),
     ],
 )
 def test_a_spec_that_would_tune_on_the_private_corpus_is_refused(dp, text):
@@ -234,3 +233,122 @@ def test_the_ledger_composes_its_entries_and_names_the_private_corpus():
     two = compose([*ledger.entries, LedgerEntry(stage="x", data="prose", mechanism="m", epsilon=0.25, delta=1e-6)])
     assert two.epsilon == pytest.approx(7.75, rel=1e-12) and two.delta == pytest.approx(1.01e-4, rel=1e-12)
     assert any("validation loss" in u for u in ledger.unaccounted)  # what ε does not cover, said
+
+
+# --- dp.tuning: private (issue 38, item 2) -----------------------------------------------------------
+
+# The private mode of the same tiny study: one width, 2 batch sizes × 2 LRs drawn by K ~ Geometric
+# (E[K] = 2), the score on 256 validation sequences of the private corpus.
+PRIVATE = {
+    **{k: v for k, v in DP.items() if k != "sweep"},
+    "tuning": "private",
+    "sweep": {"widths": [64], "lrs": [0.003, 0.01], "seeds": [0]},
+    "private_tuning": {"expected_trials": 2.0, "score_sequences": 256, "quantile_sequences": 128},
+}
+
+
+@pytest.mark.parametrize(
+    "dp, text",
+    [
+        (
+            {"tuning_data": {"corpus": "stdlib", "max_files": 60}},
+            "dp.tuning_data is the public tuning corpus of dp.tuning: public",
+        ),
+        (
+            {"sweep": {"widths": [64], "epsilons": [8.0]}},
+            r"dp.sweep.epsilons=\[8.0\]: under dp.tuning: private .* no noise-free arm",
+        ),
+        ({"sweep": {"widths": [32, 64]}}, r"dp.sweep.widths=\[32, 64\]: dp.tuning: private tunes at one width"),
+        ({"tuning": "public"}, "dp.private_tuning applies to dp.tuning: private"),
+        ({"private_tuning": {"share": 1.0}}, "share"),
+    ],
+)
+def test_private_tuning_specs_name_the_field_and_fix(dp, text):
+    parse_spec({**finetune_spec_dict(), "dp": PRIVATE})  # the base is valid
+    with pytest.raises(SpecError, match=text):
+        parse_spec({**finetune_spec_dict(), "dp": {**PRIVATE, **dp}})
+
+
+def test_the_private_tuning_ledger_composes_its_curves_by_rdp_with_opacus():
+    """The total is Opacus' conversion of the summed RDP curves, computed here with Opacus directly."""
+    import numpy as np
+    from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+    from hptransfer.dp import private_tuning as pt
+    from hptransfer.dp.ledger import private_tuning_ledger
+    from hptransfer.dp.tuning_run import Selection
+
+    spec = parse_spec({**finetune_spec_dict(), "dp": PRIVATE})
+    a = list(pt.ORDERS)
+    quantile = 8 * pt.gaussian_rdp(1.0, 6.4)
+    tuning = pt.tnb_rdp(pt.dp_sgd_rdp(0.125, 1.3, 8) + pt.gaussian_rdp(0.02, 0.05), 1.0, pt.gamma_for(2.0, 1.0))
+    doc = {
+        "mechanism": {
+            "quantile": {"quantile": 0.5, "sequences": 128, "steps": 8, "count_noise_std": 6.4},
+            "trials": {"law": "tnb", "trial_epsilon": 1.0, "score": {"clip": 5.5, "sequences": 256, "noise_std": 0.05}},
+        },
+        "rdp": {"quantile": quantile.tolist(), "tuning": tuning.tolist()},
+    }
+    final = {"sample_rate": 0.125, "steps": 8, "clip": 0.7, "noise_multiplier": 1.1, "dataset_size": 256}
+    ledger = private_tuning_ledger(spec, final, Selection(32, 0.01, 0.7, 2.5, doc))
+    assert [e.stage for e in ledger.entries] == ["DP quantile for C", "private tuning", "private large run"]
+    assert {e.data for e in ledger.entries} == {"prose"}
+    run = np.asarray(compute_rdp(q=0.125, noise_multiplier=1.1, steps=8, orders=a))
+    want, _ = get_privacy_spent(orders=a, rdp=list(quantile + tuning + run), delta=1e-4)
+    assert ledger.total.epsilon == pytest.approx(want, rel=1e-9) and ledger.total.delta == 1e-4
+    assert ledger.total.epsilon < sum(e.epsilon for e in ledger.entries)  # RDP composition: tighter than adding ε
+    assert ledger.orders == pytest.approx(a)
+
+
+@pytest.mark.slow
+def test_hpt_run_with_private_tuning_spends_at_most_the_budget_in_total_and_releases_only_the_selection(hpt_run_study, tmp_path):
+    """dp.tuning: private end to end on the session's pretraining: the DP quantile, K DP trials on the
+    private corpus, the selection, the private run on what is left; the ledger's total (the three
+    composed by RDP) ≤ dp.epsilon; a re-run spends nothing again."""
+    import numpy as np
+    from opacus.accountants.analysis.rdp import get_privacy_spent
+
+    study = tmp_path / "study"
+    shutil.copytree(hpt_run_study["dir"], study)
+    spec = tmp_path / "ft.yaml"
+    spec.write_text(yaml.safe_dump({**finetune_spec_dict(), "dp": PRIVATE}))
+    cmd = [sys.executable, "-m", "hptransfer", "run", str(spec), "--study-dir", str(study), "--skip-coord-check"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+    assert "on the PRIVATE corpus 'prose'" in r.stdout and "private tuning: selected" in r.stdout
+    priv = study / "private"
+    sel = json.loads((priv / "tuning" / "selection.json").read_text())
+    assert not (priv / "tuning" / "state.json").exists()  # the other trials' scores are gone
+    assert not list(priv.rglob("dp_grad_norms.json")) and not list(priv.glob("dp_sweep_w*"))  # no norms, no sweep table
+    assert (sel["batch_size"], sel["lr"]) in {(b, lr) for b in (32, 64) for lr in (0.003, 0.01)}
+    assert 1e-3 < sel["clip"] < 1e3
+    plan = load_plan(priv / "transfer_plan.yaml")
+    assert (plan.target.batch_size, plan.dp["clip"]) == (sel["batch_size"], pytest.approx(sel["clip"], rel=1e-12))
+    assert plan.hps.lr == pytest.approx(sel["lr"], rel=1e-12) and plan.dp["private_tuning"]["budget_epsilon"] == 8.0
+    final = json.loads((priv / "train" / "train_metrics.json").read_text())["final"]
+    assert final["status"] == "ok" and final["noise_multiplier"] == pytest.approx(plan.dp["noise_multiplier"], rel=1e-12)
+    ledger = json.loads((priv / "privacy_ledger.json").read_text())
+    assert [e["stage"] for e in ledger["entries"]] == ["DP quantile for C", "private tuning", "private large run"]
+    assert {e["data"] for e in ledger["entries"]} == {"prose"}
+    assert ledger["entries"][2]["epsilon"] == pytest.approx(final["epsilon_spent"], rel=1e-6)
+    curve = np.sum([e["rdp"] for e in ledger["entries"]], axis=0)
+    total, _ = get_privacy_spent(orders=ledger["orders"], rdp=list(curve), delta=1e-4)
+    assert ledger["total"]["epsilon"] == pytest.approx(total, rel=1e-9)
+    assert 0.95 * 8.0 < ledger["total"]["epsilon"] <= 8.0  # the budget used, never exceeded
+    assert final["epsilon_total"] == pytest.approx(ledger["total"]["epsilon"], rel=1e-12)
+    assert "the private tuning included" in r.stdout
+    # Run again (in this process: what `hpt run` calls), the tuning reuses its selection and spends nothing
+    # again; under other settings it refuses rather than tune a second time on the same data.
+    from hptransfer.dp import finetune as ft
+    from hptransfer.dp.tuning_run import run_private_tuning
+    from hptransfer.errors import DPError
+
+    fspec = parse_spec({**finetune_spec_dict(), "dp": PRIVATE})
+    tspec = ft.private_spec(fspec, study / "train" / "hf_model")
+    logs: list[str] = []
+    again = run_private_tuning(priv / "tuning", tspec, fspec.dp.private_tuning, [0.003, 0.01], 64, log=logs.append)
+    assert (again.batch_size, again.lr, again.clip) == (sel["batch_size"], sel["lr"], sel["clip"])
+    assert logs and "already done" in logs[0]
+    other = fspec.dp.private_tuning.model_copy(update={"expected_trials": 3.0})
+    with pytest.raises(DPError, match="already ran under other settings"):
+        run_private_tuning(priv / "tuning", tspec, other, [0.003, 0.01], 64, log=logs.append)

@@ -112,6 +112,7 @@ class StudyPaths:
     private = property(lambda self: self.root / "private")
     dp_across_width = property(lambda self: self.root / "private" / "dp_across_width.json")
     privacy_ledger = property(lambda self: self.root / "private" / "privacy_ledger.json")  # every read of private data
+    private_tuning = property(lambda self: self.root / "private" / "tuning")  # dp.tuning: private (dp/tuning_run.py)
 
     def private_sweep(self, width: int) -> Path:
         """The DP sweep at `width` (a study folder: its dp_sweep_results.csv, dp_grad_norms.json)."""

@@ -240,6 +240,8 @@ def finetune_stage(study: StudyContext, *, log=print) -> dict:
             "WARNING: dp.sweep.lrs has one LR and dp.lr is null: the private plan's LR will be the pretraining "
             "sweep's optimum moved by √(B/B_proxy), not one measured under DP; sweep ≥ 2 LRs or set dp.lr"
         )
+    if spec.dp.tuning == "private":
+        return _private_tuning_finetune(study, spec, pretrain_plan, s, log=log)
     tables, sweeps = {}, {}
     with study.lock():
         for w in s.widths:
@@ -286,15 +288,69 @@ def finetune_stage(study: StudyContext, *, log=print) -> dict:
     }
 
 
-def _write_ledger(study: StudyContext, private: StudyContext, spec: Any, final: dict, tuning: Any):
+def _private_tuning_finetune(study: StudyContext, spec: Any, pretrain_plan: Any, s: Any, *, log=print) -> dict:
+    """dp.tuning: private (dp/tuning_run.py): the private tuning from the model pretrained at the one
+    DP sweep width, then the private plan with the selected (B, lr, C) and the ε the tuning leaves, the
+    private large run, and the ledger composing all three by RDP."""
+    from hptransfer.dp import finetune as ft
+    from hptransfer.dp.lm_task import dataset_size
+    from hptransfer.dp.tuning_run import final_plan_spec, run_private_tuning
+
+    width = s.widths[0]
+    with study.lock():
+        folder = ft.pretrained_model(study, pretrain_plan, width, log=log)
+        tspec = ft.private_spec(spec, folder)
+        log(
+            f"private tuning: width {width}, from the model pretrained at width {width} ({folder}), on the PRIVATE corpus "
+            f"{tspec.data.corpus!r} (dp.tuning: private: every read accounted within dp.epsilon={spec.dp.epsilon:g})"
+        )
+        selection = run_private_tuning(
+            study.paths.private_tuning, tspec, spec.dp.private_tuning, s.lrs, width, seed=s.seeds[0], log=log
+        )
+        pspec = ft.private_spec(spec, study.paths.train.hf_model)
+        fspec, info = final_plan_spec(pspec, selection, dataset_size(pspec))
+        private = ft.sub_study(study, fspec, study.paths.private)
+        plan = ft.private_plan_after_tuning(study, fspec, selection, width, info)
+        with private.lock():
+            save_plan(plan, private.paths.plan)
+        log(
+            f"private plan (dp, from the private tuning at width {width}): width {plan.target.width} B={plan.target.batch_size} "
+            f"T={plan.target.steps} C={plan.dp['clip']:.4g} lr={plan.hps.lr:.4g} σ={plan.dp['noise_multiplier']:.4g} "
+            f"(its own ε {info['run_epsilon']:.4g}; with the tuning {info['study_epsilon']:.4g} ≤ {spec.dp.epsilon:g})"
+        )
+    metrics = finished_run(private, plan)
+    if metrics is not None:
+        log(f"private large run: already finished for this plan ({private.paths.train.metrics})")
+    else:
+        metrics = train_stage(private, plan, resume=True, log=log)
+    ledger = _write_ledger(study, private, spec, metrics, None, selection=selection)
+    metrics = {**metrics, "epsilon_total": ledger.total.epsilon}
+    log(
+        f"private large run: val_loss {metrics.get('val_loss')} (from {metrics.get('initial_val_loss')}), "
+        f"ε spent {metrics.get('epsilon_spent')} ≤ {metrics.get('target_epsilon')}; ε of the whole study, the private "
+        f"tuning included, {ledger.total.epsilon:.4g} ≤ {spec.dp.epsilon:g} (δ {ledger.total.delta:.3g}; {study.paths.privacy_ledger})"
+    )
+    return {
+        "plan": str(private.paths.plan),
+        "train_metrics": str(private.paths.train.metrics),
+        "across_width": None,
+        "private_tuning": str(study.paths.private_tuning / "selection.json"),
+        "final": {
+            k: metrics.get(k) for k in ("val_loss", "initial_val_loss", "epsilon_spent", "epsilon_total", "target_epsilon")
+        },
+        "privacy_ledger": str(study.paths.privacy_ledger),
+    }
+
+
+def _write_ledger(study: StudyContext, private: StudyContext, spec: Any, final: dict, tuning: Any, selection: Any = None):
     """private/privacy_ledger.json from the private run's final metrics, and `epsilon_total` (the
     ledger's total) beside `epsilon_spent` in train_metrics.json's final block (both atomic)."""
     import json
 
-    from hptransfer.dp.ledger import finetune_ledger, write_ledger
+    from hptransfer.dp.ledger import finetune_ledger, private_tuning_ledger, write_ledger
     from hptransfer.io import write_json
 
-    ledger = finetune_ledger(spec, final, tuning)
+    ledger = finetune_ledger(spec, final, tuning) if selection is None else private_tuning_ledger(spec, final, selection)
     write_ledger(study.paths.privacy_ledger, ledger)
     path = private.paths.train.metrics
     doc = json.loads(path.read_text())

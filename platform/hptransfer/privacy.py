@@ -21,7 +21,7 @@ class DPConfig(BaseModel):
     epsilon: float = Field(
         ...,
         gt=0,
-        description="Target ε of the private run (ε > 0). In the fine-tuning regime under dp.tuning: public, the only read of the private data, so the whole study's ε (private/privacy_ledger.json).",
+        description="Target ε of the private run (ε > 0). In the fine-tuning regime, the whole study's ε (private/privacy_ledger.json): under dp.tuning: public the private run is the only read of the private data; under dp.tuning: private the DP quantile, the tuning and the private run together spend at most this.",
     )
     dataset_size: int | None = Field(
         None,

@@ -73,7 +73,7 @@ def private_spec(spec: StudySpec, init_from: str | Path) -> StudySpec:
     return parse_spec(d, source=f"{spec.name} (private part)")
 
 
-FINETUNE_ONLY = ("data", "sweep", "tuning", "tuning_data")  # the fine-tuning regime's own dp keys
+FINETUNE_ONLY = ("data", "sweep", "tuning", "tuning_data", "private_tuning")  # the fine-tuning regime's own dp keys
 
 
 def tuning_corpus(spec: StudySpec):
@@ -198,6 +198,36 @@ def private_plan(
     dp["settings_from_width"] = narrow_width
     if check is not None:
         dp["across_width"] = plain_numbers(check)
+    return plan.model_copy(update={"dp": dp})
+
+
+def private_plan_after_tuning(study: StudyContext, fspec: StudySpec, selection, width: int, info: dict) -> TransferPlan:
+    """dp.tuning: private: the private plan from `fspec` (dp/tuning_run.final_plan_spec: the selected B, lr
+    and C, the run's own ε), rule dp over the pretraining sweep's table, no DP sweep evidence; the
+    selection and the budget in its `dp` section."""
+    from hptransfer.transfer.engine import check_results_belong, file_hash, make_plan, read_results
+
+    spec = study.require_spec()
+    table = read_results(study.paths.sweep_results)
+    check_results_belong(table, spec, study.sweep_hash, str(study.paths.sweep_results))
+    sel = study.paths.private_tuning / "selection.json"
+    plan = make_plan(
+        fspec,
+        table,
+        provenance={"results_file_hash": file_hash(study.paths.sweep_results), "private_tuning_hash": file_hash(sel)},
+    )
+    dp = dict(plan.dp or {})
+    dp["pretrained_from"] = fspec.dp.init_from
+    dp["settings_from_width"] = width
+    dp["private_tuning"] = {
+        "selection": str(sel),
+        "batch_size": selection.batch_size,
+        "lr": selection.lr,
+        "clip": selection.clip,
+        "noisy_score": selection.score,
+        "budget_epsilon": spec.dp.epsilon,
+        **info,
+    }
     return plan.model_copy(update={"dp": dp})
 
 

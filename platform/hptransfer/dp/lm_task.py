@@ -112,6 +112,7 @@ def run_dp_lm_finetune(
     accountant: str = "prv",
     seed: int = 0,
     sigma: float | None = None,
+    keep_model=None,
 ) -> dict[str, float]:
     """One trial: DP-fine-tune the task's model at (B, C, lr) with σ for (ε, δ, q = B/N, T =
     ceil(E·N/B)); returns validation loss before and after, ε spent, σ, T and the last train loss.
@@ -121,7 +122,8 @@ def run_dp_lm_finetune(
 
     ε = inf is the noise-free trial of the same run (σ = 0: Poisson sampling, clipping at C and the
     normalized form kept, no noise; ε spent inf): its loss against T is the step curve the
-    predicted-loss batch rule fits (`dp.steps`). RDP accounts it (PRV cannot represent σ = 0)."""
+    predicted-loss batch rule fits (`dp.steps`). RDP accounts it (PRV cannot represent σ = 0).
+    `keep_model(model)`: called with the trained model (the private tuning scores it itself)."""
     from torch.utils.data import TensorDataset
 
     from hptransfer.dp.accounting import noise_multiplier, steps_for
@@ -170,6 +172,8 @@ def run_dp_lm_finetune(
         accountant=accountant,
         seed=seed,
     )
+    if keep_model is not None:
+        keep_model(model)
     return {
         "val_loss": evaluate(model, task.val),
         "initial_val_loss": initial,

@@ -60,6 +60,55 @@ class DPSweepSpec(_Strict):
         return v
 
 
+class PrivateTuningSpec(_Strict):
+    """`dp.tuning: private`: the tuning on the private corpus, accounted as a whole (dp/private_tuning.py:
+    Papernot & Steinke's truncated-negative-binomial bound, a DP quantile for C, a DP score)."""
+
+    share: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="The part of dp.epsilon the tuning (the DP quantile and the trials together, at dp.delta) may spend; "
+        "the private run gets the rest, composed by RDP so that the whole study spends at most dp.epsilon.",
+    )
+    expected_trials: float = Field(
+        4.0,
+        gt=1,
+        le=64,
+        description="E[K]: the mean of the random number of DP trials (Papernot & Steinke: K is drawn, not fixed; its "
+        "cost grows as log E[K]). Trials draw (B, lr) uniformly from dp.batch_sizes × dp.sweep.lrs.",
+    )
+    eta: float = Field(
+        1.0, ge=0, le=8, description="η of the truncated negative binomial: 1 the geometric law, 0 the logarithmic."
+    )
+    quantile: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="C is this quantile of the per-example gradient norms of the private training sequences at the "
+        "pretrained model, found privately (0.5: the median, Andrew et al. 2021's default target).",
+    )
+    quantile_sequences: int | None = Field(
+        None, ge=16, description="m, the private sequences whose norms the DP quantile counts. Null: all N of them."
+    )
+    quantile_noise: float = Field(
+        0.05,
+        gt=0,
+        description="Std of the noise added to each count of the DP quantile's binary search, as a fraction of m.",
+    )
+    quantile_steps: int = Field(8, ge=1, le=20, description="Binary-search steps over C in [1e-3, 1e3] (log space).")
+    score_sequences: int = Field(
+        2048,
+        ge=16,
+        description="Non-overlapping validation sequences of the private corpus each trial is scored on (its noisy mean "
+        "loss; the score's sensitivity is score_clip / score_sequences).",
+    )
+    score_noise: float = Field(0.05, gt=0, description="Std (nats) of the Gaussian noise on each trial's mean loss.")
+    score_clip: float | None = Field(
+        None, gt=0, description="Each sequence's loss is clipped to [0, score_clip]. Null: ln(vocabulary size)."
+    )
+
+
 class StudyDPConfig(DPConfig):
     """A study's `dp:` block: the budget (DPConfig) and, in the fine-tuning regime (`init_from:
     pretrain`), the private corpus and the DP sweep `hpt run` runs after the pretraining large run."""
@@ -75,8 +124,12 @@ class StudyDPConfig(DPConfig):
         description="init_from pretrain: where the DP sweep (its trials, the noise-free arm, the per-example gradient "
         "norms behind C and the selection) reads its data. `public`: `dp.tuning_data`, data you declare public, never "
         "`dp.data`; the private corpus is read by the private large run alone (Ponomareva et al., 'How to DP-fy ML': "
-        "tune on public or proxy data). `private` (DP trials, a random number of them, a DP quantile for C and the "
-        "whole procedure accounted: Papernot & Steinke, ICLR 2022) is not built yet and is refused.",
+        "tune on public or proxy data). `private`: a random number of DP trials on the private corpus, C from a DP "
+        "quantile, a DP score, only the best released, and the whole procedure accounted within dp.epsilon "
+        "(Papernot & Steinke, ICLR 2022; `dp.private_tuning`).",
+    )
+    private_tuning: PrivateTuningSpec = Field(
+        PrivateTuningSpec(), description="dp.tuning: private: its budget share, trial count law, DP quantile and DP score."
     )
     tuning_data: DataSpec | None = Field(
         None,

@@ -100,10 +100,20 @@ class StudySpec(_Strict):
                 )
             return errs
         if dp.tuning == "private":
-            errs.append(
-                "dp.tuning: private (DP trials, a random number of them, a DP quantile for C, the whole procedure within "
-                "dp.epsilon) is not built yet; use dp.tuning: public with dp.tuning_data a public proxy of dp.data"
-            )
+            if dp.tuning_data is not None:
+                errs.append("dp.tuning_data is the public tuning corpus of dp.tuning: public; remove it or set dp.tuning: public")
+            if dp.sweep.epsilons:
+                errs.append(
+                    f"dp.sweep.epsilons={list(dp.sweep.epsilons)}: under dp.tuning: private every trial's ε comes from the "
+                    "budget (dp.private_tuning.share) and there is no noise-free arm; remove dp.sweep.epsilons"
+                )
+            if dp.sweep.widths and len(dp.sweep.widths) > 1:
+                errs.append(
+                    f"dp.sweep.widths={list(dp.sweep.widths)}: dp.tuning: private tunes at one width (an across-width "
+                    "check would be more private trials); give one width"
+                )
+        elif dp.private_tuning != type(dp.private_tuning)():  # a spec written back in full holds the default
+            errs.append("dp.private_tuning applies to dp.tuning: private; remove it or set dp.tuning: private")
         private = dp.data or self.data
         tuning = dp.tuning_data or self.data
         if dp.tuning == "public" and tuning.model_dump() == private.model_dump():
