@@ -971,6 +971,56 @@ SECTIONS["joint_pooled"] = joint_pooled_section
 # --- wheel_install (benchmarks/wheel_install.py): the wheel into a clean venv with the user's torch ---
 
 
+# --- dp_tuning_modes (benchmarks/dp_tuning_modes.py): public vs private tuning vs a default, equal total ε ---
+
+
+def _choices(runs: list[dict]) -> str:
+    """The settings an arm ran with over its replicates: each (B, lr) with its count, C's range."""
+    from collections import Counter
+
+    if not runs:
+        return "—"
+    bl = Counter((r["batch_size"], r["lr"]) for r in runs)
+    cs = [r["clip"] for r in runs]
+    pairs = ", ".join(f"B={b} lr={lr:g} ×{k}" for (b, lr), k in bl.most_common())
+    c = f"C={min(cs):.3g}" if max(cs) / min(cs) < 1.001 else f"C {min(cs):.3g}–{max(cs):.3g}"
+    return f"{pairs}; {c}"
+
+
+def dp_tuning_modes_section(d: dict) -> str:
+    out = []
+    for e in d["per_epsilon"]:
+        rows = []
+        for arm, runs in e["arms"].items():
+            tot = [r["epsilon_total"] for r in runs]
+            rows.append(
+                [
+                    arm,
+                    _ci_text(e["mean_eval_loss"].get(arm)),
+                    _choices(runs),
+                    f"{max(tot):.3g}" if tot else "—",
+                    len(runs),
+                ]
+            )
+        pairs = [
+            [k, _ci_text(v, "+.4f") if v.get("mean") is not None else "—", v["n"], f"**{v['verdict']}**"]
+            for k, v in e["paired"].items()
+        ]
+        same = ", ".join(f"{k}: {v} of {d['settings']['replicates']}" for k, v in e["same_algorithm"].items())
+        note = f"\n\nPrivate tuning refused at this budget: {e['private_infeasible']}" if e.get("private_infeasible") else ""
+        out.append(
+            f"**total ε = {e['epsilon']:g}** (δ {d['settings']['delta']:g})\n\n"
+            + md_table(["arm", "held-out loss, mean [95% t]", "settings run", "max whole-study ε", "replicates"], rows)
+            + "\n\n"
+            + md_table(["paired difference (loss)", "mean [95% t]", "n", "verdict"], pairs)
+            + f"\n\nSame algorithm (same B and lr, C within 5%) in: {same}.{note}"
+        )
+    return "\n" + "\n\n".join(out) + "\n"
+
+
+SECTIONS["dp_tuning_modes"] = dp_tuning_modes_section
+
+
 def wheel_install_section(d: dict) -> str:
     rows = [
         ["install command", f"`{d.get('install_command', '—')}`"],

@@ -47,6 +47,12 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--out", type=Path, default=RESULTS / "wheel_install.json")
     ap.add_argument("--check", action="store_true", help="exit 1 unless it works (the CI step: .ci/run)")
+    ap.add_argument(
+        "--compile-bytecode",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="uv: write the .pyc files at install, as pip does (default); --no-compile-bytecode: as uv does by default",
+    )
     args = ap.parse_args(argv)
     import yaml
 
@@ -72,7 +78,12 @@ def main(argv: list[str] | None = None) -> dict:
     def pip(*a: str, tool: str = args.pip):
         if tool == "uv":  # uv does not read pip's configuration: the local wheel folders pip is pointed at
             links = [x for d in uv_find_links() for x in ("--find-links", d)]
-            return _run([str(ROOT / ".venv" / "bin" / "uv"), "pip", "install", "--python", str(py), *links, *a], env=env)
+            # --compile-bytecode: pip writes every module's .pyc at install; uv does not unless asked, and
+            # where PYTHONDONTWRITEBYTECODE=1 (the CI machines) every process would compile them again.
+            compile_ = ["--compile-bytecode"] if args.compile_bytecode else []
+            return _run(
+                [str(ROOT / ".venv" / "bin" / "uv"), "pip", "install", "--python", str(py), *compile_, *links, *a], env=env
+            )
         return _run([str(py), "-m", "pip", "install", "-q", *a], env=env)
 
     # The user's torch as the user has it (pip and its configuration: here the local CPU build).
@@ -86,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     # another build of the same version from an index).
     keep = [f"torch=={torch_before if args.pip == 'uv' else torch_before.split('+')[0]}"] if args.keep_torch else []
     out["install_command"] = " ".join(["pip install", wheels[0].name, *keep])
+    out["compile_bytecode"] = args.pip == "uv" and args.compile_bytecode
     out["install_s"], p = pip(str(wheels[0]), *keep)
     out["install_ok"] = p.returncode == 0
     if p.returncode:

@@ -120,15 +120,27 @@ def _sigma_for(delta: float):
     return lambda eps, q, t: noise_multiplier(eps, delta, q, t, "rdp")
 
 
-def run_private_tuning(folder: Path, pspec, cfg, lrs: list[float], width: int, seed: int = 0, log=print) -> Selection:
+def run_private_tuning(
+    folder: Path,
+    pspec,
+    cfg,
+    lrs: list[float],
+    width: int,
+    seed: int = 0,
+    log=print,
+    rng: np.random.Generator | None = None,
+    task=None,
+) -> Selection:
     """The private tuning (`cfg`: the study's dp.private_tuning; `lrs`: its LR candidates) on the private
     part's spec `pspec` (data: the private corpus; dp.init_from: the model pretrained at `width`), its
     files in `folder` (private/tuning/). Returns the selection, reusing `selection.json` when the
-    settings match."""
+    settings match. `rng`: the mechanisms' randomness (K, the draws, the quantile's and the scores'
+    noise); None, as `hpt run` calls it: fresh OS entropy (a benchmark passes a seeded one to be
+    reproducible). `task`: the LMTask of `pspec` when the caller has it loaded."""
     from hptransfer.dp.accounting import steps_for
     from hptransfer.dp.lm_task import load_lm_task, per_example_grad_norms, run_dp_lm_finetune
 
-    task = load_lm_task(pspec, width)
+    task = task if task is not None else load_lm_task(pspec, width)
     n = task.private_size
     settings = _settings(pspec, cfg, lrs, width, n)
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
@@ -193,7 +205,7 @@ def run_private_tuning(folder: Path, pspec, cfg, lrs: list[float], width: int, s
         ) from None
     cands = {c.batch_size: c for c in budget.candidates}
 
-    rng = np.random.default_rng(secrets.randbits(128))
+    rng = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
     if state_path.is_file():
         state = json.loads(state_path.read_text())
         if state.get("settings_sha256") != digest:
