@@ -316,6 +316,7 @@ def test_hpt_run_with_private_tuning_spends_at_most_the_budget_in_total_and_rele
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
     assert "on the PRIVATE corpus 'prose'" in r.stdout and "private tuning: selected" in r.stdout
+    assert "trial 1" not in r.stdout + r.stderr  # no line per trial: their count K is not released
     priv = study / "private"
     sel = json.loads((priv / "tuning" / "selection.json").read_text())
     assert not (priv / "tuning" / "state.json").exists()  # the other trials' scores are gone

@@ -79,6 +79,14 @@ def _finetune_line(s) -> str:
     from hptransfer.dp.finetune import sweep_settings
 
     f = sweep_settings(s)
+    if s.dp.tuning == "private":
+        t = s.dp.private_tuning
+        return (
+            f"; then DP fine-tuning from the large run on corpus {(s.dp.data or s.data).corpus!r}, tuned on it privately: "
+            f"C a DP {t.quantile:g}-quantile, a random number of DP trials (E[K] = {t.expected_trials:g}) over "
+            f"batch sizes {s.dp.resolved_batch_sizes()} × lrs {f.lrs} at width {f.widths[0]}; the whole study ε ≤ "
+            f"{s.dp.epsilon:g} (the tuning's share {t.share:g})"
+        )
     return (
         f"; then DP fine-tuning from the large run on corpus {(s.dp.data or s.data).corpus!r}: DP sweep widths "
         f"{f.widths}, ε {f.epsilons}, lrs {f.lrs}, seeds {f.seeds}; private run ε ≤ {s.dp.epsilon:g}"

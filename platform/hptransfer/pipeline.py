@@ -235,13 +235,13 @@ def finetune_stage(study: StudyContext, *, log=print) -> dict:
         raise StudyError(f"spec {spec.name!r} is not a fine-tuning study (dp.init_from: pretrain)")
     pretrain_plan = load_plan(study.paths.plan)
     s = ft.sweep_settings(spec)
+    if spec.dp.tuning == "private":
+        return _private_tuning_finetune(study, spec, pretrain_plan, s, log=log)
     if len(s.lrs) < 2 and spec.dp.lr is None:
         log(
             "WARNING: dp.sweep.lrs has one LR and dp.lr is null: the private plan's LR will be the pretraining "
             "sweep's optimum moved by √(B/B_proxy), not one measured under DP; sweep ≥ 2 LRs or set dp.lr"
         )
-    if spec.dp.tuning == "private":
-        return _private_tuning_finetune(study, spec, pretrain_plan, s, log=log)
     tables, sweeps = {}, {}
     with study.lock():
         for w in s.widths:

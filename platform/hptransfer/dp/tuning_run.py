@@ -13,7 +13,9 @@ Order, each step resumable without spending twice:
    `private/tuning/state.json` (C, K, the draws, each finished trial's noisy score: what a resume
    needs) is deleted then: Papernot & Steinke's ε covers releasing the best trial only.
 
-The state file is written atomically after each trial. A resume continues the SAME draws (same K,
+The state file is written atomically after each trial. Nothing is printed per trial: the number of
+trials K is part of the mechanism (Papernot & Steinke's bound covers the best trial's output, not K), so
+the console says when the tuning starts and what it selected, no more. A resume continues the SAME draws (same K,
 same noise already drawn); a state made under other settings is refused (running the tuning again is
 a new mechanism on the same data, whose ε would add). Trials are sequential and not Ray Tune trials:
 Ray's result folders and MLflow's child runs would release every trial's score.
@@ -219,9 +221,10 @@ def run_private_tuning(
                     )
                 ],
             )
-        log(f"private tuning: resuming ({len(state['scores'])} of its trials done)")
+        log("private tuning: resuming its unfinished trials (their number is part of the mechanism: not shown)")
     else:
-        norms = per_example_grad_norms(task, task.sequences[:m], seed=0)
+        # in chunks: Opacus holds one per-example gradient per sequence of a batch
+        norms = [x for i in range(0, m, 128) for x in per_example_grad_norms(task, task.sequences[i : min(i + 128, m)], seed=0)]
         clip = pt.dp_quantile(norms, cfg.quantile, *QUANTILE_RANGE, cfg.quantile_steps, quantile_std, rng)
         del norms  # the private norms are never written
         k = pt.sample_trials(cfg.eta, budget.gamma, rng)
@@ -234,7 +237,8 @@ def run_private_tuning(
         log(
             f"private tuning: C = {clip:.4g} (DP {cfg.quantile:g}-quantile of {m} private sequences' gradient norms); "
             f"a random number of DP trials (E[K] = {cfg.expected_trials:g}) at ε = {budget.trial_epsilon:.3g} each "
-            f"(the tuning's share: ε ≤ {cfg.share * dp.epsilon:.3g})"
+            f"(the tuning's share: ε ≤ {cfg.share * dp.epsilon:.3g}); how many run is not shown: K is part of the "
+            "mechanism and only the best trial is released"
         )
     for i in range(len(state["scores"]), len(state["draws"])):
         d = state["draws"][i]
@@ -255,8 +259,7 @@ def run_private_tuning(
         )
         score = pt.noisy_score(per_sequence_losses(kept["model"], score_seqs), clip_loss, cfg.score_noise, rng)
         state["scores"].append(score if math.isfinite(score) else 1e30)
-        _write(state_path, state)
-        log(f"private tuning: trial {i + 1} done")  # neither its settings nor its score: only the best is released
+        _write(state_path, state)  # no console line per trial: counting them would release K
     best = int(np.argmin(state["scores"]))
     pick = state["draws"][best]
     doc = {
