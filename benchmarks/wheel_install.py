@@ -18,6 +18,7 @@ Run: .venv/bin/python benchmarks/wheel_install.py → benchmarks/results/wheel_i
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -87,7 +88,10 @@ def main(argv: list[str] | None = None) -> dict:
         return _run([str(py), "-m", "pip", "install", "-q", *a], env=env)
 
     # The user's torch as the user has it (pip and its configuration: here the local CPU build).
-    out["user_torch_s"], p = pip(USER_TORCH, tool="pip")
+    # With --pip uv the user's torch is put there by uv too (from its cache: seconds, where pip takes 20-30 s
+    # on 2 cores), named with its local tag as below; the check is what the wheel's install does to it.
+    user_torch = USER_TORCH if args.pip == "pip" else f"torch=={importlib.metadata.version('torch')}"
+    out["user_torch_s"], p = pip(user_torch)
     if p.returncode:
         raise SystemExit(f"installing the user's torch failed:\n{p.stderr[-2000:]}")
     torch_before = subprocess.run(

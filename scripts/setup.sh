@@ -41,13 +41,15 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # hptransfer.env.configure points every process at: DeepSpeed's shared-memory collective op
   # (JIT-compiled by the first deepspeed.initialize on the CPU accelerator, ~27 s) and matplotlib's
   # font cache. The builder returns None where the accelerator has no such op (e.g. CUDA).
+  # (In the background, beside the bytecode compile below: one compiler process and one Python.)
   TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.venv/torch_extensions}" MPLCONFIGDIR="${MPLCONFIGDIR:-$PWD/.venv/mplconfig}" \
     python -c "
 import matplotlib.font_manager
 from deepspeed.accelerator import get_accelerator
 b = get_accelerator().create_op_builder('ShareMemCommBuilder')
 b is None or b.load(verbose=False)
-" >/dev/null
+" >/dev/null &
+op_build=$!
   # Compile every installed module to bytecode once, here, on all cores. uv does not (pip does), and
   # where PYTHONDONTWRITEBYTECODE=1 is set (as on the CI machines) nothing ever writes a .pyc: each
   # process (the tests start hundreds: hpt, Ray workers, Tune trials, DeepSpeed ranks) would compile
@@ -55,6 +57,7 @@ b is None or b.load(verbose=False)
   # (measured: their imports 20 s without .pyc files, 10 s with; the compile takes ~45 s on 2 cores).
   # (Some packages ship files for other Python versions: compileall then exits 1; not an install failure.)
   python -m compileall -q -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
+  wait "$op_build"  # its failure fails the setup, as before (set -e)
   echo "$want" > "$stamp"
 fi
 python -c "import platform, hptransfer; platform.system()"
