@@ -265,27 +265,8 @@ def finetune_stage(study: StudyContext, *, log=print) -> dict:
             f"private plan (dp, settings from width {s.widths[0]}): width {plan.target.width} B={plan.target.batch_size} "
             f"T={plan.target.steps} C={plan.dp['clip']:.4g} lr={plan.hps.lr:.4g} σ={plan.dp['noise_multiplier']:.4g}"
         )
-    metrics = finished_run(private, plan)
-    if metrics is not None:
-        log(f"private large run: already finished for this plan ({private.paths.train.metrics})")
-    else:
-        metrics = train_stage(private, plan, resume=True, log=log)
-    ledger = _write_ledger(study, private, spec, metrics, ft.tuning_corpus(spec))
-    metrics = {**metrics, "epsilon_total": ledger.total.epsilon}
-    log(
-        f"private large run: val_loss {metrics.get('val_loss')} (from {metrics.get('initial_val_loss')}), "
-        f"ε spent {metrics.get('epsilon_spent')} ≤ {metrics.get('target_epsilon')}; ε of the whole study "
-        f"{ledger.total.epsilon:.4g} (δ {ledger.total.delta:.3g}; {study.paths.privacy_ledger})"
-    )
-    return {
-        "plan": str(private.paths.plan),
-        "train_metrics": str(private.paths.train.metrics),
-        "across_width": str(study.paths.dp_across_width) if check is not None else None,
-        "final": {
-            k: metrics.get(k) for k in ("val_loss", "initial_val_loss", "epsilon_spent", "epsilon_total", "target_epsilon")
-        },
-        "privacy_ledger": str(study.paths.privacy_ledger),
-    }
+    out = _private_run(study, private, plan, spec, tuning=ft.tuning_corpus(spec), log=log)
+    return {**out, "across_width": str(study.paths.dp_across_width) if check is not None else None}
 
 
 def _private_tuning_finetune(study: StudyContext, spec: Any, pretrain_plan: Any, s: Any, *, log=print) -> dict:
@@ -318,23 +299,35 @@ def _private_tuning_finetune(study: StudyContext, spec: Any, pretrain_plan: Any,
             f"T={plan.target.steps} C={plan.dp['clip']:.4g} lr={plan.hps.lr:.4g} σ={plan.dp['noise_multiplier']:.4g} "
             f"(its own ε {info['run_epsilon']:.4g}; with the tuning {info['study_epsilon']:.4g} ≤ {spec.dp.epsilon:g})"
         )
+    out = _private_run(study, private, plan, spec, selection=selection, log=log)
+    return {**out, "across_width": None, "private_tuning": str(study.paths.private_tuning / "selection.json")}
+
+
+def _private_run(
+    study: StudyContext, private: StudyContext, plan: Any, spec: Any, *, tuning: Any = None, selection: Any = None, log=print
+) -> dict:
+    """Both modes' end: the private large run (or its finished record), the ledger (public: the one read
+    of the private corpus; private: `selection`'s mechanisms composed with the run), the closing line."""
     metrics = finished_run(private, plan)
     if metrics is not None:
         log(f"private large run: already finished for this plan ({private.paths.train.metrics})")
     else:
         metrics = train_stage(private, plan, resume=True, log=log)
-    ledger = _write_ledger(study, private, spec, metrics, None, selection=selection)
+    ledger = _write_ledger(study, private, spec, metrics, tuning, selection=selection)
     metrics = {**metrics, "epsilon_total": ledger.total.epsilon}
+    whole = (
+        f"ε of the whole study {ledger.total.epsilon:.4g}"
+        if selection is None
+        else f"ε of the whole study, the private tuning included, {ledger.total.epsilon:.4g} ≤ {spec.dp.epsilon:g}"
+    )
     log(
         f"private large run: val_loss {metrics.get('val_loss')} (from {metrics.get('initial_val_loss')}), "
-        f"ε spent {metrics.get('epsilon_spent')} ≤ {metrics.get('target_epsilon')}; ε of the whole study, the private "
-        f"tuning included, {ledger.total.epsilon:.4g} ≤ {spec.dp.epsilon:g} (δ {ledger.total.delta:.3g}; {study.paths.privacy_ledger})"
+        f"ε spent {metrics.get('epsilon_spent')} ≤ {metrics.get('target_epsilon')}; {whole} "
+        f"(δ {ledger.total.delta:.3g}; {study.paths.privacy_ledger})"
     )
     return {
         "plan": str(private.paths.plan),
         "train_metrics": str(private.paths.train.metrics),
-        "across_width": None,
-        "private_tuning": str(study.paths.private_tuning / "selection.json"),
         "final": {
             k: metrics.get(k) for k in ("val_loss", "initial_val_loss", "epsilon_spent", "epsilon_total", "target_epsilon")
         },

@@ -37,18 +37,21 @@ def sequence_count(data: DataSpec, seq_len: int) -> int:
     return open_corpus(data).n_tokens["train"] // (seq_len + 1)
 
 
-def private_sequences(data: DataSpec, seq_len: int, n: int) -> torch.Tensor:
-    """The N private examples, int64 [n, seq_len + 1]: the first `n` sequences in corpus order.
-    Raises ValueError when the corpus has fewer."""
+def private_sequences(data: DataSpec, seq_len: int, n: int, split: str = "train") -> torch.Tensor:
+    """The N private examples, int64 [n, seq_len + 1]: the first `n` non-overlapping sequences of
+    `split` in corpus order. Raises ValueError when the corpus has fewer."""
     import numpy as np
 
     from hptransfer.data import open_corpus
 
     corpus = open_corpus(data)
-    m = corpus.n_tokens["train"] // (seq_len + 1)
+    m = corpus.n_tokens[split] // (seq_len + 1)
     if n > m:
-        raise ValueError(f"the corpus has {m} sequences of {seq_len + 1} tokens, fewer than N={n}")
-    tokens = corpus.train[: n * (seq_len + 1)]  # a uint8 tensor (stdlib) or a memory-mapped array (files)
+        where = "the corpus" if split == "train" else f"the corpus' {split} split"
+        raise ValueError(f"{where} has {m} sequences of {seq_len + 1} tokens, fewer than N={n}")
+    tokens = (corpus.train if split == "train" else corpus.val)[
+        : n * (seq_len + 1)
+    ]  # a uint8 tensor (stdlib) or a memory-mapped array (files)
     tokens = tokens if isinstance(tokens, torch.Tensor) else torch.from_numpy(np.asarray(tokens).astype(np.int64))
     return tokens.long().view(n, seq_len + 1)
 

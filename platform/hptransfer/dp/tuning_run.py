@@ -36,6 +36,7 @@ import torch
 
 from hptransfer.dp import private_tuning as pt
 from hptransfer.errors import DPError, Problem
+from hptransfer.io import write_json
 
 QUANTILE_RANGE = (1e-3, 1e3)
 
@@ -60,19 +61,11 @@ class Selection:
 
 
 def validation_sequences(data, seq_len: int, n: int) -> torch.Tensor:
-    """The first `n` non-overlapping sequences of `seq_len + 1` tokens of the corpus' validation split:
-    one private example each, as the training sequences are (the score's sensitivity is per sequence)."""
-    import numpy as np_
+    """The first `n` non-overlapping sequences of the corpus' validation split: one private example
+    each, as the training sequences are (the score's sensitivity is per sequence)."""
+    from hptransfer.dp.lm import private_sequences
 
-    from hptransfer.data import open_corpus
-
-    corpus = open_corpus(data)
-    m = corpus.n_tokens["val"] // (seq_len + 1)
-    if n > m:
-        raise ValueError(f"the corpus' validation split has {m} sequences of {seq_len + 1} tokens, fewer than {n}")
-    tokens = corpus.val[: n * (seq_len + 1)]
-    tokens = tokens if isinstance(tokens, torch.Tensor) else torch.from_numpy(np_.asarray(tokens).astype(np_.int64))
-    return tokens.long().view(n, seq_len + 1)
+    return private_sequences(data, seq_len, n, split="val")
 
 
 @torch.no_grad()
@@ -107,13 +100,6 @@ def _settings(spec, cfg, lrs: list[float], width: int, n: int) -> dict[str, Any]
         "private_data": spec.data.model_dump(mode="json"),
         "init_from": str(spec.dp.init_from),
     }
-
-
-def _write(path: Path, doc: dict) -> None:
-    from hptransfer.io import write_json
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, doc)
 
 
 def _sigma_for(delta: float):
@@ -233,7 +219,7 @@ def run_private_tuning(
             for _ in range(k)
         ]
         state = {"settings_sha256": digest, "clip": clip, "draws": draws, "scores": []}
-        _write(state_path, state)
+        write_json(state_path, state)
         log(
             f"private tuning: C = {clip:.4g} (DP {cfg.quantile:g}-quantile of {m} private sequences' gradient norms); "
             f"a random number of DP trials (E[K] = {cfg.expected_trials:g}) at ε = {budget.trial_epsilon:.3g} each "
@@ -259,7 +245,7 @@ def run_private_tuning(
         )
         score = pt.noisy_score(per_sequence_losses(kept["model"], score_seqs), clip_loss, cfg.score_noise, rng)
         state["scores"].append(score if math.isfinite(score) else 1e30)
-        _write(state_path, state)  # no console line per trial: counting them would release K
+        write_json(state_path, state)  # no console line per trial: counting them would release K
     best = int(np.argmin(state["scores"]))
     pick = state["draws"][best]
     doc = {
@@ -299,7 +285,7 @@ def run_private_tuning(
         "released": "the selected (B, lr), C and the selected trial's noisy score only; the number of trials and the "
         "other trials' scores are not (the state file is deleted)",
     }
-    _write(sel_path, doc)
+    write_json(sel_path, doc)
     state_path.unlink(missing_ok=True)
     log(f"private tuning: selected B={doc['batch_size']} lr={doc['lr']:.4g} C={doc['clip']:.4g} (noisy score {doc['score']:.4f})")
     return Selection(doc["batch_size"], doc["lr"], doc["clip"], doc["score"], doc)
