@@ -104,6 +104,7 @@ def _summary(spec, plan, final: dict | None) -> str:
             + escape(json.dumps(plan.param_group_multipliers))
             + "</p>"
         )
+    out += _lr_sources(plan)
     d = plan.diagnostics
     res = [["predicted target loss (loss-vs-width fit)", _g(d.predicted_target_loss)]]
     if final:
@@ -126,6 +127,32 @@ def _summary(spec, plan, final: dict | None) -> str:
     if not final:
         out += _missing(str(_NAMES.train.metrics), f"hpt train STUDY_DIR/{_NAMES.plan.name}")
     return out
+
+
+def _lr_sources(plan) -> str:
+    """The plan's LR beside the ladder's alone and the free formulas', as the hidden matrices' LR at the
+    target (what the formulas are about), with each one's error in log η where it has one."""
+    b, fp = plan.baselines or {}, (plan.baselines or {}).get("formula_prior")
+    if not b.get("step_law"):
+        return ""
+    hidden = plan.hyperparameters["lr"] * (
+        min(g.get("lr", 1.0) for g in plan.param_group_multipliers.values()) if plan.param_group_multipliers else 1.0
+    )
+    rows = [["plan", _g(hidden), _g(fp.get("posterior_log_sd"), ".2g") if fp else "—"]]
+    if fp:
+        rows.append(["ladder alone", _g(fp["ladder_hidden_lr"]), _g(fp.get("ladder_log_sd"), ".2g")])
+    for name in ("step_law", "deepseek"):
+        if name in b:
+            sd = fp["formula_log_sd"] if fp and fp["formula"] == name else None
+            rows.append([name, _g(b[name]["lr"]), _g(sd, ".2g") if sd else "—"])
+    note = (
+        f'<p class="muted">{_e(fp["said"])} (transfer/formula_prior.py)</p>'
+        if fp
+        else '<p class="muted">the formulas are shown only (transfer.formula_prior: null, or not a llama plan)</p>'
+    )
+    return (
+        "<h2>LR: plan, ladder and formulas</h2>" + _table(["source", "hidden-matrix lr at the target", "σ (log η)"], rows) + note
+    )
 
 
 def _warnings(plan) -> str:

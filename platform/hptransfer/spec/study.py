@@ -17,7 +17,7 @@ from hptransfer.spec.data import DataSpec
 from hptransfer.spec.dp import StudyDPConfig
 from hptransfer.spec.model import ModelSpec
 from hptransfer.spec.sweep import CoordCheckSpec, SweepSpec
-from hptransfer.spec.target import TargetSpec, TransferSpec
+from hptransfer.spec.target import FormulaPriorSpec, TargetSpec, TransferSpec
 from hptransfer.spec.train import RaySpec, TrackingSpec, TrainSpec
 
 
@@ -217,6 +217,8 @@ def _unset_later_fields(spec: StudySpec) -> dict:
     for section, (name, default) in later.items():
         if getattr(getattr(spec, section), name) == default:
             out.setdefault(section, set()).add(name)
+    if spec.transfer.formula_prior == FormulaPriorSpec():  # issue 36 item 3
+        out.setdefault("transfer", set()).add("formula_prior")
     if spec.sweep.search == "grid":  # issue 25: a grid sweep keeps its hash
         out.setdefault("sweep", set()).update({"search", "optuna"})
     return out

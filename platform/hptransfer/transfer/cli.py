@@ -88,6 +88,13 @@ def print_plan(plan, path: Path | None = None) -> None:
         b = plan.baselines.get(name)
         if b:
             s.add_row(f"{name} baseline lr", f"{b['lr']:.3g} (plan/baseline {_g(b.get('plan_lr_ratio'), '.3g')})")
+    fp = plan.baselines.get("formula_prior")
+    if fp and fp.get("lr") is not None:
+        s.add_row(
+            "lr: ladder · formula → plan",
+            f"{fp['ladder_lr']:.4g} (σ {fp['ladder_log_sd']:.2g}) · {fp['formula']} (σ {fp['formula_log_sd']:.2g}) → "
+            f"{fp['lr']:.4g} (weight {fp['weight_ladder']:.2f} on the ladder)",
+        )
     for axis, law in ((plan.axes or {}).get("laws") or {}).items():
         ci = law.get("exponent_ci")
         s.add_row(

@@ -30,6 +30,7 @@ from hptransfer.transfer.axes import (
 )
 from hptransfer.transfer.baselines import baselines_for
 from hptransfer.transfer.diagnostics import diagnose, joint_sections
+from hptransfer.transfer.formula_prior import combine, ladder_log_sd
 from hptransfer.transfer.heuristics import BATCH_HEURISTIC
 from hptransfer.transfer.results import (  # noqa: F401  (re-exported: the table's functions live in results.py)
     ID_COLUMNS,
@@ -125,15 +126,33 @@ def make_plan(
             "batch size or steps differ between sweep and target: heuristics applied "
             f"({', '.join(h['name'] for h in heuristics)}); see `heuristics`"
         )
+    m = spec.model.at_depth(spec.target.depth)  # the depth rule stays relative to the ladder's depth
+    hidden_mult = min(g.get("lr", 1.0) for g in res.param_group_multipliers.values()) if res.param_group_multipliers else 1.0
+    baseline_args = (m.family, spec.target.width, m.depth, m.ffn_mult, target_steps, target_batch, m.seq_len)
+    combined, notes = None, list(res.notes)
+    fp = spec.transfer.formula_prior
+    if fp is not None and rule != "dp" and "lr" in tuned and m.family == "llama":
+        combined = _formula_prior(
+            fp, diag, res.source_width or max(fits), axes_section, hyperparameters["lr"], hidden_mult, baseline_args
+        )
+        if combined.get("lr") is not None:
+            hyperparameters["lr"] = combined["lr"]
+            heuristics.append(
+                {
+                    "name": "formula-prior-lr",
+                    "kind": "prior",
+                    "factor": combined["factor"],
+                    "applies_to": "lr",
+                    "why": f"the ladder's lr (σ {combined['ladder_log_sd']:.2g} in log) under {fp.formula}'s as a prior "
+                    f"(σ {fp.log_sd:.2g}): weight {combined['weight_ladder']:.2f} on the ladder",
+                    "source": "transfer/formula_prior.py; docs/RESEARCH.md",
+                }
+            )
+        notes.append(combined["said"])
     joint = joint_sections(fits, tuned, hyperparameters, res, target_steps, spec.sweep.steps)
     warnings += joint.pop("warnings", [])
     counts = ladder.groupby(["width", "status"]).size().unstack(fill_value=0)
-    hidden_lr = (
-        hyperparameters["lr"] * min(g.get("lr", 1.0) for g in res.param_group_multipliers.values())
-        if res.param_group_multipliers
-        else hyperparameters["lr"]
-    )
-    m = spec.model.at_depth(spec.target.depth)  # the depth rule stays relative to the ladder's depth
+    hidden_lr = hyperparameters["lr"] * hidden_mult
     return TransferPlan(
         study=spec.name,
         rule=rule,
@@ -155,9 +174,7 @@ def make_plan(
         ),
         heuristics=_clean(heuristics),
         baselines=_clean(
-            baselines_for(
-                m.family, spec.target.width, m.depth, m.ffn_mult, target_steps, target_batch, m.seq_len, plan_lr=hidden_lr
-            )
+            {**baselines_for(*baseline_args, plan_lr=hidden_lr), **({"formula_prior": combined} if combined else {})}
         ),
         data=spec.data,
         train=spec.train,
@@ -169,7 +186,7 @@ def make_plan(
                 **diag.model_dump(),
                 "source_width": res.source_width,
                 "trials_by_width": {str(w): {str(k): int(v) for k, v in row.items()} for w, row in counts.iterrows()},
-                "notes": res.notes,
+                "notes": notes,
                 "warnings": warnings,
                 **joint,  # empty on a grid: its plan is as before
             }
@@ -178,6 +195,46 @@ def make_plan(
         axes=_clean(axes_section),
         **res.extras,
     )
+
+
+def _formula_prior(fp, diag, source_width: int, axes_section, lr: float, hidden_mult: float, baseline_args) -> dict:
+    """The plan's lr as the posterior of the ladder's under the formula's (transfer/formula_prior.py),
+    compared where the formula speaks: the hidden matrices' LR at the target (lr × hidden_mult)."""
+    formula_lr = baselines_for(*baseline_args)[fp.formula]["lr"]
+    src = (diag.optimum_by_width.get(str(source_width)) or {}).get("lr")
+    out: dict = {"formula": fp.formula, "formula_lr": formula_lr, "formula_log_sd": fp.log_sd, "ladder_lr": lr}
+    out["ladder_hidden_lr"] = lr * hidden_mult
+    if src is not None and src.censored is not None:
+        out["said"] = (
+            f"lr not combined with {fp.formula}'s: the ladder's optimum at width {source_width} is a bound "
+            f"({src.censored}), not a point with an error; the ladder's value is kept"
+        )
+        return out
+    width_rms = (
+        math.hypot(diag.predicted_penalty_bias, diag.predicted_penalty_se)
+        if diag.predicted_penalty_bias is not None and diag.predicted_penalty_se is not None
+        else None
+    )
+    laws = (axes_section or {}).get("laws") or {}
+    sd, parts = ladder_log_sd(width_rms, src.log_se if src is not None else None, laws)
+    if sd is None:
+        out["said"] = f"lr not combined with {fp.formula}'s: the ladder's estimate has no error to weigh it by"
+        return out
+    post = combine(lr * hidden_mult, sd, formula_lr, fp.log_sd)
+    out.update(
+        ladder_log_sd=sd,
+        ladder_log_sd_parts=parts,
+        weight_ladder=post["weight_ladder"],
+        posterior_log_sd=post["log_sd"],
+        factor=post["factor"],
+        lr=lr * post["factor"],
+        hidden_lr=post["lr"],
+    )
+    out["said"] = (
+        f"lr {lr:.4g} (ladder, σ {sd:.2g} in log η) combined with {fp.formula}'s {formula_lr / hidden_mult:.4g} "
+        f"(σ {fp.log_sd:.2g}, transfer.formula_prior) as a prior: {out['lr']:.4g}, weight {post['weight_ladder']:.2f} on the ladder"
+    )
+    return out
 
 
 HOLD_PRODUCT_RULES = ("mup-independent-wd", "sp-warmup")  # rules that hold η·λ (rules._finish hold_product)
