@@ -65,10 +65,15 @@ def test_resume_after_sigkill_of_the_driver(tmp_path):
     for _, g in df.groupby("width"):  # the replicates rerun the width's best grid point, seeds 1 and 2
         grid, reps = g[~g.replicate], g[g.replicate]
         assert set(reps.seed) == {1, 2} and (reps.lr == grid.sort_values("val_loss").lr.iloc[0]).all()
-    # Every row, kept from before the kill or trained after it, is what an uninterrupted run of that
-    # trial gives (the same trial trained here, without Ray) ...
+    # A row kept from before the kill and one trained after it, at each width, are what an
+    # uninterrupted run of that trial gives (the same trial trained here, without Ray) ...
     parsed = parse_spec(spec)
-    for r in df.itertuples():
+    before = {(int(w), float(lr), int(seed)) for w, lr, seed in finished_before}
+    df["kept"] = [(r.width, r.lr, r.seed) in before for r in df.itertuples()]
+    assert df.kept.any() and not df.kept.all()
+    picked = df.groupby(["width", "kept"]).head(1)
+    assert len(picked) >= 3, picked  # both kinds, at both widths where the kill left both
+    for r in picked.itertuples():
         direct = train_proxy(parsed, r.width, trial_hps(parsed, {"lr": r.lr}), seed=r.seed)["val_loss"]
         assert r.val_loss == pytest.approx(direct, rel=1e-5), (r.width, r.lr, r.seed, r.val_loss, direct)
     # ... and 60 steps learn beyond the byte frequencies (the previous byte): the best LR of each
