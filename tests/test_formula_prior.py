@@ -125,3 +125,27 @@ def test_the_report_shows_plan_ladder_and_formulas_side_by_side():
     for value in (fp["hidden_lr"], fp["ladder_hidden_lr"], plan.baselines["step_law"]["lr"], plan.baselines["deepseek"]["lr"]):
         assert f"{value:.4g}" in html, (value, html)
     assert f"{fp['ladder_log_sd']:.2g}" in html and "weight" in html
+
+
+def test_hpt_transfer_standalone_prints_the_combination_and_can_turn_it_off(tmp_path):
+    from typer.testing import CliRunner
+
+    from hptransfer.cli import app
+    from hptransfer.plan import load_plan
+
+    grid = [2.0**k for k in range(-12, -3)]
+    path = tmp_path / "results.csv"
+    synthetic_sweep([32, 64, 128], grid, nu_inf=2e-2, noise=0.002, seeds=(0, 1, 2), rng_seed=3).to_csv(path, index=False)
+    base = ["transfer", "--results", str(path), "--rule", "mup", "--target-width", "1024", "--head-dim", "16"]
+    r = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "on.yaml")])
+    assert r.exit_code == 0, r.output
+    assert "ladder · formula → plan" in r.output and "as a prior" in r.output
+    on = load_plan(tmp_path / "on.yaml")
+    assert on.baselines["formula_prior"]["formula"] == "step_law"
+    r = CliRunner().invoke(app, [*base, "--formula-prior", "none", "--out", str(tmp_path / "off.yaml")])
+    assert r.exit_code == 0, r.output
+    off = load_plan(tmp_path / "off.yaml")
+    assert "formula_prior" not in off.baselines
+    assert off.hyperparameters["lr"] == pytest.approx(on.baselines["formula_prior"]["ladder_lr"], rel=1e-9)
+    r = CliRunner().invoke(app, [*base, "--formula-prior", "chinchilla"])
+    assert r.exit_code == 2 and "transfer.formula_prior.formula" in r.output, r.output

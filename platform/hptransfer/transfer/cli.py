@@ -151,6 +151,17 @@ def transfer(
     head_dim: int = typer.Option(16, "--head-dim", help="llama head size; widths must be multiples of it."),
     seq_len: int = typer.Option(64, "--seq-len", help="Context length."),
     parametrization: str = typer.Option("mup", "--parametrization", help="mup or sp."),
+    formula_prior: str = typer.Option(
+        "step_law",
+        "--formula-prior",
+        help="Standalone, llama: the free formula whose LR is the prior of the ladder's (step_law, deepseek), or none "
+        "for the ladder's estimate alone (transfer.formula_prior; docs/RESEARCH.md).",
+    ),
+    formula_log_sd: float = typer.Option(
+        0.693,
+        "--formula-log-sd",
+        help="Standalone: the formula's error σ_F in log η (0.693: a factor 2 at one σ; an assumption).",
+    ),
     out: Optional[Path] = typer.Option(
         None, "--out", help="Plan file to write. Default: transfer_plan.yaml (in --study-dir when given)."
     ),
@@ -195,6 +206,7 @@ def transfer(
                 "seq_len": seq_len,
                 "parametrization": parametrization,
             },
+            transfer={"formula_prior": None if formula_prior == "none" else {"formula": formula_prior, "log_sd": formula_log_sd}},
             source=str(results),
         )
         plan = make_plan(spec, table, {"results_file": str(results), "results_file_hash": file_hash(results)})

@@ -266,6 +266,7 @@ def standalone_spec(
     target_batch_size: int | None = None,
     target_depth: int | None = None,
     model: dict | None = None,
+    transfer: dict | None = None,
     name: str = "standalone",
     source: str = "results",
 ) -> StudySpec:
@@ -306,7 +307,7 @@ def standalone_spec(
             "seeds": seeds,
             "max_trials": max_trials,
         },
-        "transfer": {"rule": rule},
+        "transfer": {"rule": rule, **(transfer or {})},
         "target": {"width": target_width, "steps": target_steps, "batch_size": target_batch_size, "depth": target_depth},
     }
     return parse_spec(data, source=f"{source} (as a study)")
