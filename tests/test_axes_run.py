@@ -4,6 +4,7 @@ the axis laws, and the report draws them. One small run: MLP widths 16, 32, 3 LR
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
@@ -48,10 +49,26 @@ def test_hpt_run_with_axes_end_to_end(tmp_path):
     )
     assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
     df = pd.read_csv(study / "sweep_results.csv")
-    # 2 widths + 4 arms at width 16 (two horizons, a batch, a depth), 3 LRs each.
-    assert len(df) == 6 * 3
-    arms = df[(df.width == 16)].groupby(["steps", "batch_size", "depth"]).size().to_dict()
-    assert arms == {(6, 8, 2): 3, (12, 4, 2): 3, (12, 8, 2): 3, (24, 8, 2): 3, (12, 8, 3): 3}
+    # 2 widths + 4 arms at width 16 (two horizons, a batch, a depth), 3 LRs each; an arm whose best LR
+    # was an edge of what it tried also ran an LR a grid step (×10) beyond it (sweep.axes.bracket, ≤ 2).
+    grid = d["sweep"]["grid"]["lr"]
+    on_grid = df.lr.apply(lambda v: any(abs(v / g - 1) < 1e-9 for g in grid))
+    ladder = (df.steps == 12) & (df.batch_size == 8) & (df.depth == 2)
+    assert on_grid[ladder].all() and len(df[ladder]) == 2 * 3  # the width ladder is not bracketed
+    arms = df[df.width == 16].groupby(["steps", "batch_size", "depth"])
+    assert set(arms.groups) == {(6, 8, 2), (12, 4, 2), (12, 8, 2), (24, 8, 2), (12, 8, 3)}
+    for key, g in arms:
+        if key == (12, 8, 2):
+            continue
+        tried = sorted(g.lr)
+        assert len(g) == len(tried) and 3 <= len(tried) <= 5 and on_grid[g.index].sum() == 3, (key, tried)
+        steps = [b / a for a, b in itertools.pairwise(tried)]
+        assert all(abs(r / 10 - 1) < 1e-9 for r in steps), (key, tried)  # the grid continued, step for step
+        if len(tried) == 3:  # not extended: its best LR was inside the grid, or the LR above it diverged
+            ok = g[g.status == "ok"]
+            best = ok.groupby("lr").val_loss.mean().idxmin()
+            assert tried[0] < best < tried[-1] or (g[g.lr > best].status == "diverged").any(), (key, g)
+    assert len(df) == 6 + sum(len(g) for k, g in arms if k != (12, 8, 2))
     assert df.loc[df.status == "ok", "steps_done"].equals(df.loc[df.status == "ok", "steps"])
     assert df.loc[df.status == "ok", "noise_scale"].notna().any()
     plan = load_plan(study / "transfer_plan.yaml")

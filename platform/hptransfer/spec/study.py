@@ -161,7 +161,7 @@ class StudySpec(_Strict):
     @property
     def axes_width(self) -> int:
         """The width the axes' arms run at."""
-        return (self.sweep.axes.width if self.sweep.axes else None) or self.sweep.widths[0]
+        return (self.sweep.axes.width if self.sweep.axes else None) or mid_width(self.sweep.widths)
 
 
 def _allowed_keys(loc: tuple) -> list[str]:
@@ -198,10 +198,17 @@ def load_spec(path: str | Path) -> StudySpec:
     return parse_spec(data, str(path))
 
 
+def mid_width(widths: list[int]) -> int:
+    """The middle of the ladder (the lower middle for an even count): sweep.axes' default arm width."""
+    ordered = sorted(widths)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def _unset_later_fields(spec: StudySpec) -> dict:
     """Fields added after studies existed, left out of the hashes while they hold their default, so
-    an existing study's hashes (its results table's `spec_hash`, its trial markers) stay the same."""
-    out: dict[str, set[str]] = {}
+    an existing study's hashes (its results table's `spec_hash`, its trial markers) stay the same
+    (pydantic's `exclude`: a section's set of names, or a dict where a nested field is left out)."""
+    out: dict[str, Any] = {}
     for section, name, default in (  # issue 24
         ("model", "depth_parametrization", "none"),
         ("model", "base_depth", None),
@@ -221,6 +228,8 @@ def _unset_later_fields(spec: StudySpec) -> dict:
         out.setdefault("transfer", set()).add("formula_prior")
     if spec.sweep.search == "grid":  # issue 25: a grid sweep keeps its hash
         out.setdefault("sweep", set()).update({"search", "optuna"})
+    if spec.sweep.axes is not None and spec.sweep.axes.bracket == 2:  # issue 37 item 4, at its default
+        out["sweep"] = {**dict.fromkeys(out.get("sweep", set()), True), "axes": {"bracket": True}}
     return out
 
 
@@ -233,7 +242,13 @@ def sweep_hash(spec: StudySpec, training: RuleTraining | None = None) -> str:
     from the default (independent weight decay), so a study swept before it entered the hash — under
     any rule but `mup-standard-wd` — keeps its hash and resumes."""
     training = (training or rule_training(spec.transfer.rule)).under(spec.model.parametrization)
-    blob = spec.model_dump_json(include={"model", "data", "sweep", "seed"}, exclude=_unset_later_fields(spec))
+    suffix = ""
+    # Issue 37 item 4: the arms' default width moved from the narrowest to the middle. A study that
+    # named its width, or whose two agree (two widths), keeps its hash; one that relied on the old
+    # default with 3+ widths gets a new one, as its arms would now run at another width.
+    if spec.sweep.axes is not None and spec.sweep.axes.width is None and spec.axes_width != min(spec.sweep.widths):
+        suffix = f"axes_width={spec.axes_width}"
+    blob = spec.model_dump_json(include={"model", "data", "sweep", "seed"}, exclude=_unset_later_fields(spec)) + suffix
     if training != RuleTraining():
         blob += training.model_dump_json()
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -18,7 +18,19 @@ class AxesSpec(_Strict):
     runs the LR grid and the replicate seeds at one width, the other axes at the ladder's."""
 
     width: int | None = Field(
-        None, ge=1, le=MAX_WIDTH, description="The width the arms run at; one of sweep.widths. Default: the narrowest."
+        None,
+        ge=1,
+        le=MAX_WIDTH,
+        description="The width the arms run at; one of sweep.widths. Default: the middle of the ladder (the lower "
+        "middle for an even count): wider than the narrowest, whose optima are the noisiest, and cheaper than the widest.",
+    )
+    bracket: int = Field(
+        2,
+        ge=0,
+        le=8,
+        description="An arm whose best lr (seed-averaged) is the lowest or highest it tried runs one more lr a grid step "
+        "beyond it, with the grid's seeds, up to this many times, so each arm's optimum is bracketed before its "
+        "replicates run (an edge optimum is a bound, and a law fitted on bounds is the prior in practice); 0: the grid only.",
     )
     steps: list[int] = Field(
         default_factory=list,
@@ -245,6 +257,13 @@ class SweepSpec(_Strict):
         """The axis's values swept besides the ladder's own (`sweep.steps` / `sweep.batch_size`; depth: the spec
         refuses model.depth among them)."""
         return [v for v in getattr(self.axes, axis, None) or [] if v != getattr(self, axis, None)]
+
+    @property
+    def n_bracket(self) -> int:
+        """The most trials bracketing can add: `axes.bracket` lr values × the grid's seeds per axes arm."""
+        if self.axes is None or "lr" not in self.grid:
+            return 0
+        return (self.n_arms - len(self.widths)) * self.axes.bracket * len(self.seeds)
 
     @property
     def n_trials(self) -> int:

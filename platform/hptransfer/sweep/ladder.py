@@ -10,6 +10,12 @@ Tune `Searcher` instead: it hands out grid points first, widest first (longest-p
 first, so the last trials to finish are short ones), queues a width's replicates the moment its
 last grid trial completes, and says FINISHED when everything was handed out.
 
+Bracketing (issue 37 item 4): a `sweep.axes` arm whose best lr is the lowest or the highest it has
+tried gets one lr a grid step beyond (the ratio of the two nearest values tried at that edge), with
+the grid's seeds, before its replicates — up to `bracket` times. A law fitted on edge optima fits
+bounds, and the axes laws then fall back to their priors in practice; the width ladder's own grid is
+left as the user gave it (its edges are warned about by the plan).
+
 Resume: Tune saves the searcher's state (`get_state`) in the same experiment checkpoint as its trial
 list, so after a crash both agree; a trial that completed after that checkpoint is re-queued by Tune
 and replays its result from its `trials_done/` marker (sweep/trial.py), which reaches
@@ -71,8 +77,14 @@ class LadderSearcher(Searcher):
         metric: str = "val_loss",
         mode: str = "min",
         ok=None,
+        bracket: int = 0,
+        bracket_hp: str = "lr",
+        ladder_base: dict | None = None,
     ):
         super().__init__(metric=metric, mode=mode)
+        # ladder_base: the width ladder's own steps / batch_size (its points carry them when there are
+        # axes arms): an arm that sets another value of one of them is a sweep.axes arm, the one bracketed.
+        self.bracket, self.bracket_hp, self.ladder_base = int(bracket), bracket_hp, dict(ladder_base or {})
         self.tuned, self.replicate_seeds, self.width_rank = list(tuned), list(replicate_seeds), dict(width_rank)
         self.ok = ok or (lambda result: result.get("status", "ok") == "ok")
         self.queue: list[dict] = [{**p, "replicate": False} for p in grid]
@@ -82,6 +94,13 @@ class LadderSearcher(Searcher):
         self.finished_rows: dict[tuple, list[dict]] = {}  # arm -> its completed grid trials
         self.live: dict[str, dict] = {}  # Tune trial id -> the point it runs
         self.done: set[str] = set()  # point keys completed (a replayed completion is counted once)
+        self.arm_seeds: dict[tuple, list[int]] = {}  # arm -> its grid seeds (bracketing reuses them)
+        for p in grid:
+            seeds = self.arm_seeds.setdefault(arm_of(p), [])
+            if p["seed"] not in seeds:
+                seeds.append(p["seed"])
+        self.tried: dict[tuple, list[float]] = {}  # arm -> every bracket_hp value it ran (ok or not)
+        self.extended: dict[tuple, int] = {}  # arm -> bracketing points added so far
 
     # --- Tune's Searcher interface -----------------------------------------------------------
 
@@ -114,7 +133,11 @@ class LadderSearcher(Searcher):
                 "ok": not error and bool(r) and self.ok(r),
             }
         )
+        if self.bracket_hp in point:
+            self.tried.setdefault(arm, []).append(float(point[self.bracket_hp]))
         self.grid_left[arm] -= 1
+        if self.grid_left[arm] == 0 and self._bracket(arm, point):
+            return
         if self.grid_left[arm] == 0 and self.replicate_seeds:
             best = best_point(self.finished_rows[arm], self.tuned)
             if best is not None:
@@ -122,6 +145,34 @@ class LadderSearcher(Searcher):
                 self._enqueue(
                     [{"width": point["width"], **fixed, **best, "seed": s, "replicate": True} for s in self.replicate_seeds]
                 )
+
+    def _bracket(self, arm: tuple, point: dict) -> bool:
+        """A sweep.axes arm (not a plain width) whose best bracket_hp value is an edge of what it tried:
+        queue one value a step beyond, at the best point's other values, with the arm's grid seeds.
+        True when it did (the arm's replicates wait for those trials)."""
+        is_axes_arm = any(point[k] != self.ladder_base.get(k) for k in ARM_KEYS if k in point)
+        if not is_axes_arm or self.extended.get(arm, 0) >= self.bracket or self.bracket_hp not in self.tuned:
+            return False
+        best = best_point(self.finished_rows[arm], self.tuned)
+        tried = sorted(set(self.tried.get(arm, [])))
+        if best is None or len(tried) < 2:
+            return False
+        v = float(best[self.bracket_hp])
+        if v == tried[0]:
+            new = v * v / tried[1]  # the step between the two lowest values, once more downwards
+        elif v == tried[-1]:
+            new = v * v / tried[-2]
+        else:
+            return False
+        fixed = {k: point[k] for k in ARM_KEYS if k in point}
+        points = [
+            {"width": point["width"], **fixed, **best, self.bracket_hp: new, "seed": s, "replicate": False}
+            for s in self.arm_seeds[arm]
+        ]
+        self.extended[arm] = self.extended.get(arm, 0) + 1
+        self.grid_left[arm] += len(points)
+        self._enqueue(points)
+        return True
 
     def _enqueue(self, points: list[dict]) -> None:
         """Insert before the first queued point of a narrower width (in `width_rank`), so the
@@ -132,14 +183,19 @@ class LadderSearcher(Searcher):
 
     # --- state, for Tune's experiment checkpoints --------------------------------------------
 
-    _STATE = ("queue", "grid_left", "finished_rows", "live", "done")
+    _STATE = ("queue", "grid_left", "finished_rows", "live", "done", "tried", "extended")
 
     def get_state(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self._STATE}
 
     def set_state(self, state: dict[str, Any]) -> None:
         for k in self._STATE:
-            setattr(self, k, state[k])
+            if k in state:
+                setattr(self, k, state[k])
+        if "tried" not in state:  # saved before bracketing existed: what each arm ran is in its rows
+            self.tried = {
+                a: [float(r[self.bracket_hp]) for r in rows if self.bracket_hp in r] for a, rows in self.finished_rows.items()
+            }
 
     def save(self, checkpoint_path: str) -> None:
         Path(checkpoint_path).write_bytes(pickle.dumps(self.get_state()))

@@ -321,10 +321,17 @@ def lm_sweep_task(study: StudyContext, *, order: str = "widest-first", reuse_act
         metric="val_loss",
         mode="min",
         ok=lambda result: status({}, result) == "ok",
+        bracket=spec.sweep.axes.bracket if spec.sweep.axes is not None else 0,
+        ladder_base={"steps": steps, "batch_size": spec.sweep.batch_size},
     )
     planned = len(points) + spec.sweep.n_arms * len(replicate_seeds)
     note = (f" + {len(replicate_seeds)} replicate seeds at each width's best point" if replicate_seeds else "") + (
         f"; plus {spec.sweep.n_arms - len(widths)} sweep.axes arms at width {spec.axes_width}, each with the grid and its own replicates"
+        + (
+            f", and up to {spec.sweep.n_bracket} more where an arm's best lr is an edge of what it tried (sweep.axes.bracket)"
+            if spec.sweep.n_bracket
+            else ""
+        )
         if spec.sweep.axes
         else ""
     )

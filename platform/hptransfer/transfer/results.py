@@ -164,7 +164,13 @@ def check_results_belong(results: pd.DataFrame, spec: StudySpec, sweep_hash: str
             if off:
                 problems.append(f"column `{hp}` has values {off[:5]} outside the box sweep.grid.{hp} {values}")
             continue
-        off = sorted({float(v) for v in col.unique() if not any(np.isclose(v, g, rtol=1e-9, atol=0) for g in values)})
+        allowed = list(values)
+        if hp == "lr" and spec.sweep.axes is not None and len(values) >= 2:
+            # sweep.axes.bracket: an arm's lr continued a grid step at a time beyond either end (sweep/ladder.py)
+            g = sorted(values)
+            k = range(1, spec.sweep.axes.bracket + 1)
+            allowed += [g[0] * (g[0] / g[1]) ** i for i in k] + [g[-1] * (g[-1] / g[-2]) ** i for i in k]
+        off = sorted({float(v) for v in col.unique() if not any(np.isclose(v, a, rtol=1e-9, atol=0) for a in allowed)})
         if off:
             problems.append(f"column `{hp}` has values {off[:5]} that are not in sweep.grid.{hp} {values}")
     if problems:
