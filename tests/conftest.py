@@ -32,10 +32,21 @@ from hptransfer.env import configure  # noqa: E402
 configure()
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and not handed out before by this process: once a probe socket is closed the
+    OS may give the same ephemeral port to the next bind, and two of a `ray start`'s components on one
+    port fail it (seen in CI: node manager and dashboard agent both on 52853)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
+    raise RuntimeError("no free port that was not handed out already")
 
 
 def tiny_spec_dict(**over) -> dict:
