@@ -106,12 +106,13 @@ def _progress_callback(task: SweepTask):
             self.done += 1
             elapsed = time.time() - self.t0
             ran = max(1, self.done - self.kept)
-            eta = elapsed / ran * (total - self.done)
+            planned = max(total, self.done)  # sweep.axes.bracket may add trials beyond the plan
+            eta = elapsed / ran * (planned - self.done)
             # a module function, not a passed-in logger: Tune pickles its callbacks with the experiment state.
             from hptransfer.logs import progress
 
             progress(
-                f"[sweep {self.done}/{total}] {describe(trial.config)} -> {status} {task.metric}={value:.4f} | "
+                f"[sweep {self.done}/{planned}] {describe(trial.config)} -> {status} {task.metric}={value:.4f} | "
                 f"{elapsed:.0f}s elapsed, ~{eta:.0f}s left"
             )
 
