@@ -54,15 +54,7 @@ def main(argv: list[str] | None = None) -> dict:
         default=True,
         help="uv: write the .pyc files at install, as pip does (default); --no-compile-bytecode: as uv does by default",
     )
-    ap.add_argument(
-        "--lazy-bytecode",
-        action="store_true",
-        help="uv without --compile-bytecode, and the venv's processes may write .pyc files (PYTHONDONTWRITEBYTECODE "
-        "unset): each module is compiled once, by the first process that imports it, as on a default Python",
-    )
     args = ap.parse_args(argv)
-    if args.lazy_bytecode:
-        args.compile_bytecode = False
     import yaml
 
     from hptransfer.io import write_json
@@ -82,8 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     shutil.rmtree(args.venv, ignore_errors=True)
     py = args.venv / "bin" / "python"
     out["venv_s"], _ = _run([sys.executable, "-m", "venv", str(args.venv)])
-    drop = ("VIRTUAL_ENV", "PYTHONPATH", *(("PYTHONDONTWRITEBYTECODE",) if args.lazy_bytecode else ()))
-    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
 
     def pip(*a: str, tool: str = args.pip):
         if tool == "uv":  # uv does not read pip's configuration: the local wheel folders pip is pointed at
@@ -111,7 +102,6 @@ def main(argv: list[str] | None = None) -> dict:
     keep = [f"torch=={torch_before if args.pip == 'uv' else torch_before.split('+')[0]}"] if args.keep_torch else []
     out["install_command"] = " ".join(["pip install", wheels[0].name, *keep])
     out["compile_bytecode"] = args.pip == "uv" and args.compile_bytecode
-    out["lazy_bytecode"] = args.lazy_bytecode
     out["install_s"], p = pip(str(wheels[0]), *keep)
     out["install_ok"] = p.returncode == 0
     if p.returncode:
