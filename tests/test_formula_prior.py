@@ -88,7 +88,7 @@ def test_make_plan_combines_by_the_ladders_own_error():
     assert alone.hyperparameters["lr"] == pytest.approx(ff["ladder_lr"], rel=1e-9)
 
 
-def test_mlp_and_dp_plans_are_not_combined():
+def test_mlp_plans_are_not_combined():
     grid = [2.0**k for k in range(-12, -3)]
     df = synthetic_sweep([32, 64, 128], grid, nu_inf=3e-3, noise=0.01, rng_seed=3)
     plan = make_plan(standalone_spec(df, rule="mup", target_width=1024, model={"family": "mlp"}), df)

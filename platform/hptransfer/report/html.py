@@ -135,9 +135,7 @@ def _lr_sources(plan) -> str:
     b, fp = plan.baselines or {}, (plan.baselines or {}).get("formula_prior")
     if not b.get("step_law"):
         return ""
-    hidden = plan.hyperparameters["lr"] * (
-        min(g.get("lr", 1.0) for g in plan.param_group_multipliers.values()) if plan.param_group_multipliers else 1.0
-    )
+    hidden = b["step_law"]["lr"] * b["step_law"]["plan_lr_ratio"]  # the plan's hidden-matrix lr, as the engine priced it
     rows = [["plan", _g(hidden), _g(fp.get("posterior_log_sd"), ".2g") if fp else "—"]]
     if fp:
         rows.append(["ladder alone", _g(fp["ladder_hidden_lr"]), _g(fp.get("ladder_log_sd"), ".2g")])

@@ -99,7 +99,6 @@ class LadderSearcher(Searcher):
             seeds = self.arm_seeds.setdefault(arm_of(p), [])
             if p["seed"] not in seeds:
                 seeds.append(p["seed"])
-        self.tried: dict[tuple, list[float]] = {}  # arm -> every bracket_hp value it ran (ok or not)
         self.extended: dict[tuple, int] = {}  # arm -> bracketing points added so far
 
     # --- Tune's Searcher interface -----------------------------------------------------------
@@ -133,8 +132,6 @@ class LadderSearcher(Searcher):
                 "ok": not error and bool(r) and self.ok(r),
             }
         )
-        if self.bracket_hp in point:
-            self.tried.setdefault(arm, []).append(float(point[self.bracket_hp]))
         self.grid_left[arm] -= 1
         if self.grid_left[arm] == 0 and self._bracket(arm, point):
             return
@@ -154,7 +151,7 @@ class LadderSearcher(Searcher):
         if not is_axes_arm or self.extended.get(arm, 0) >= self.bracket or self.bracket_hp not in self.tuned:
             return False
         best = best_point(self.finished_rows[arm], self.tuned)
-        tried = sorted(set(self.tried.get(arm, [])))
+        tried = sorted({float(r[self.bracket_hp]) for r in self.finished_rows[arm]})  # ok or not
         if best is None or len(tried) < 2:
             return False
         v = float(best[self.bracket_hp])
@@ -183,19 +180,15 @@ class LadderSearcher(Searcher):
 
     # --- state, for Tune's experiment checkpoints --------------------------------------------
 
-    _STATE = ("queue", "grid_left", "finished_rows", "live", "done", "tried", "extended")
+    _STATE = ("queue", "grid_left", "finished_rows", "live", "done", "extended")
 
     def get_state(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self._STATE}
 
     def set_state(self, state: dict[str, Any]) -> None:
         for k in self._STATE:
-            if k in state:
+            if k in state:  # a state saved before bracketing existed has no `extended`
                 setattr(self, k, state[k])
-        if "tried" not in state:  # saved before bracketing existed: what each arm ran is in its rows
-            self.tried = {
-                a: [float(r[self.bracket_hp]) for r in rows if self.bracket_hp in r] for a, rows in self.finished_rows.items()
-            }
 
     def save(self, checkpoint_path: str) -> None:
         Path(checkpoint_path).write_bytes(pickle.dumps(self.get_state()))

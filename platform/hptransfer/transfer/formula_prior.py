@@ -28,8 +28,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-FORMULAS = ("step_law", "deepseek")
-
 
 def axis_log_sd(law: dict[str, Any]) -> float:
     """One axis law's error in log of its LR factor (the law dict of transfer/axes.py: axis_law)."""
