@@ -96,7 +96,20 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("hptransfer", "errors", "io", "env", "logs", "console", "layout", "lock", "tracking", "preempt")),
     # what the stages agree on: the spec, the plan and the context they are handed; `architectures` and
     # `vocab` are what the spec's validation needs of the hf family and the tokenizer folder
-    ("contracts", ("spec", "plan", "plan_diagnostics", "hyperparameters", "privacy", "context", "architectures", "vocab")),
+    (
+        "contracts",
+        (
+            "spec",
+            "plan",
+            "plan_diagnostics",
+            "hyperparameters",
+            "family_defaults",
+            "privacy",
+            "context",
+            "architectures",
+            "vocab",
+        ),
+    ),
     ("models and data", ("models", "data")),
     ("stages", ("coordcheck", "coordcheck_depth", "sweep", "transfer", "handoff", "train", "dp", "report", "status", "deploy")),
     ("facade", ("pipeline", "study")),

@@ -21,7 +21,7 @@ EMPTY = (None, [], {}, [None, None])
 # Fields added since, whose default is the behaviour the old plans were made under: their value is that
 # default, nothing else (depth: standard residuals; SIGTERM: a checkpoint when the last is ≥ 60 s old;
 # ZeRO: no CPU offload).
-LATER_DEFAULTS = {"depth_parametrization": "none", "stop_checkpoint_after_s": 60.0, "offload": "none"}
+LATER_DEFAULTS = {"depth_parametrization": "none", "stop_checkpoint_after_s": 60.0, "offload": "none", "hp_defaults": "family"}
 
 
 def _same(raw, loaded, path="") -> list[str]:

@@ -52,6 +52,10 @@ class ModelSpec(_Strict):
     base_width: int | None = Field(
         None, ge=1, description="µP base width (width_mult = width / base_width). Default: the narrowest swept width."
     )
+    hp_defaults: Literal["family", "package"] = Field(
+        "family",
+        description="Defaults of the hyperparameters the sweep neither fixes nor searches: `family`, the joint optimum measured for the family (llama under µP: output_mult 7, init_std 0.04; hptransfer.family_defaults says where each was measured), filled into sweep.fixed when the spec is loaded; `package`, Hyperparameters' own (output_mult 1, init_std 0.02). Families without a measurement keep the package's.",
+    )
     vocab_size: int | None = Field(
         None,
         ge=2,

@@ -12,6 +12,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from hptransfer import vocab  # what validating an hf config and a tokenizer folder needs
 from hptransfer.errors import Problem, SpecError, problems_from_validation
+from hptransfer.family_defaults import fill_fixed
 from hptransfer.spec.base import DEFAULT_PRECISION, MAX_SEED, RULE_NAMES, RuleTraining, _Strict, rule_training
 from hptransfer.spec.data import DataSpec
 from hptransfer.spec.dp import StudyDPConfig
@@ -49,6 +50,24 @@ class StudySpec(_Strict):
         if not isinstance(tokenizer, str) or tokenizer == "byte":
             return data
         return vocab.fill_vocab_size(data, tokenizer)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _family_defaults(cls, data: Any) -> Any:
+        """sweep.fixed gains the family's measured defaults for what the sweep neither fixes nor
+        searches (family_defaults.py; model.hp_defaults: package turns it off). Filled here, once, so
+        every stage, the plan and the hashes see the values the trials ran with."""
+        if not isinstance(data, dict) or not isinstance(data.get("sweep"), dict):
+            return data
+        model = data.get("model") if isinstance(data.get("model"), dict) else {}
+        if model.get("hp_defaults", "family") != "family":
+            return data
+        sweep = data["sweep"]
+        fixed, grid = sweep.get("fixed") or {}, sweep.get("grid") or {}
+        if not isinstance(fixed, dict) or not isinstance(grid, dict):
+            return data  # the field validators say what is wrong
+        filled = fill_fixed(fixed, grid, model.get("family", "llama"), model.get("parametrization", "mup"))
+        return data if filled == fixed else {**data, "sweep": {**sweep, "fixed": filled}}
 
     @model_validator(mode="after")
     def _cross(self) -> StudySpec:
@@ -220,6 +239,9 @@ def _unset_later_fields(spec: StudySpec) -> dict:
     for section in ("sweep", "train"):
         if getattr(spec, section).precision == DEFAULT_PRECISION:
             out.setdefault(section, set()).add("precision")
+    # Issue 36 item 1: what hp_defaults changes is in sweep.fixed (it fills it), so the choice itself
+    # never enters a hash: the same trials, the same hash, however their values were given.
+    out.setdefault("model", set()).add("hp_defaults")
     later = {"sweep": ("axes", None), "target": ("depth", None), "transfer": ("weight_decay", "rule")}  # issue 23
     for section, (name, default) in later.items():
         if getattr(getattr(spec, section), name) == default:
