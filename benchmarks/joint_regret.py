@@ -117,6 +117,7 @@ def model_dict(c: dict, parametrization: str = "mup") -> dict:
         "seq_len": c["seq"],
         "parametrization": parametrization,
         "base_width": c["ladder"][0],
+        "hp_defaults": "package",  # this benchmark's (a) is µP at the package defaults (issue 25)
     }
 
 
@@ -165,15 +166,15 @@ def spec_dict(c: dict, plan: str) -> dict:
 # --- the ladders: real sweeps through the pipeline -------------------------------------------------
 
 
-def ladder(c: dict, plan: str, cache_dir: Path, cached_only: bool) -> dict | None:
-    """Sweep + transfer of ladder `plan` in its study folder (named by the spec's hash: a changed
-    setting never reuses another's sweep); the plan file is the cache. None when cached_only and
-    the plan is not there."""
+def ladder(c: dict, plan: str, cache_dir: Path, cached_only: bool, spec: dict | None = None) -> dict | None:
+    """Sweep + transfer of ladder `plan` (its spec: `spec`, else spec_dict's) in its study folder
+    (named by the spec's hash: a changed setting never reuses another's sweep); the plan file is the
+    cache. None when cached_only and the plan is not there."""
     from hptransfer.pipeline import Study, sweep_stage, transfer_stage
     from hptransfer.plan import load_plan
     from hptransfer.transfer.engine import read_results
 
-    d = spec_dict(c, plan)
+    d = spec or spec_dict(c, plan)
     h = hashlib.sha256(key_str(d).encode()).hexdigest()[:10]
     study = Study.from_spec(d, cache_dir / "studies" / f"{plan}-{h}")
     t0 = time.perf_counter()
@@ -259,7 +260,10 @@ def _train(key: dict) -> dict:
     from hptransfer.spec import parse_spec
     from hptransfer.sweep.trial import train_proxy
 
-    c = _cfg()
+    # The spec from the key alone (model, horizon, data), so other benchmarks' settings train here too.
+    ladder = [key["base_width"]] + ([key["width"]] if key["width"] > key["base_width"] else [])
+    c = {**_cfg(), **{k: key[k] for k in ("steps", "batch", "seq", "depth", "head_dim", "eval_batches")}}
+    c.update(ladder=ladder, target=key["width"])
     spec = parse_spec(spec_dict(c, "sp" if key["par"] == "sp" else "grid"))
     hps = Hyperparameters(**{k: key[k] for k in HP_KEYS})
     m = train_proxy(spec, key["width"], hps, key["seed"], n_reports=1)
@@ -574,7 +578,7 @@ def _figure(out: dict):
     ax.set_ylabel(f"target validation loss (width {out['setting']['target']}, {out['setting']['steps']} steps)")
     ax.set_title("target loss per plan (dots: seeds; squares: mean, 95% t)")
     ax.grid(alpha=0.3)
-    ps = [(k, p) for k, p in out["paired"].items() if p and k != "regret_b_vs_d"]
+    ps = [(k, p) for k, p in out["paired"].items() if p and not k.startswith("regret")]
     for i, (_, p) in enumerate(ps):
         bx.errorbar(p["mean"], i, xerr=[[p["mean"] - p["ci"][0]], [p["ci"][1] - p["mean"]]], fmt="o", capsize=4)
     bx.axvline(0, color="k", lw=0.8)

@@ -430,9 +430,18 @@ def quickstart_section(d: dict) -> str:
     )
     ok = [r for r in runs if r["check"]["verdict"] == "ok" and r["target_val_loss"] < r["ladder_best_loss"]]
     shown = "shown" if len(ok) == len(d["runs"]) and runs else "not shown"
+    hp = next((r.get("hyperparameters") for r in runs if r.get("hyperparameters")), None)
+    defaults = (
+        f" Defaults: `model.hp_defaults: {d['hp_defaults']}`"
+        + (f" (output_mult {g(hp['output_mult'])}, init_std {g(hp['init_std'])})" if hp else "")
+        + "."
+        if d.get("hp_defaults")
+        else ""
+    )
     return (
         f"\nWidths {d['setting']['widths']} → {d['setting']['target']}, {d['setting']['sweep_steps']} sweep steps, "
-        f"{d['setting']['target_steps']} target steps, batch {d['setting']['batch']}, noise seeds {d['setting']['noise_seeds']}.\n\n"
+        f"{d['setting']['target_steps']} target steps, batch {d['setting']['batch']}, noise seeds {d['setting']['noise_seeds']}."
+        f"{defaults}\n\n"
         + md_table(
             [
                 "seed",
@@ -456,8 +465,13 @@ def quickstart_section(d: dict) -> str:
     )
 
 
-SECTIONS = {"transfer_regret": regret_section, "paper_claims": claims_section, "quickstart": quickstart_section}
-ORDER = ["transfer_regret", "paper_claims", "quickstart"]
+SECTIONS = {
+    "transfer_regret": regret_section,
+    "paper_claims": claims_section,
+    "quickstart": quickstart_section,
+    "quickstart_package_defaults": quickstart_section,  # the quickstart before issue 36's family defaults
+}
+ORDER = ["transfer_regret", "paper_claims", "quickstart", "quickstart_package_defaults"]
 
 
 # --- dp_lm (benchmarks/dp_lm.py): dp-plan vs grid best vs default, paper 1's directions ---------
@@ -863,6 +877,66 @@ def joint_regret_section(d: dict) -> str:
 
 
 SECTIONS["joint_regret"] = joint_regret_section
+
+
+# --- default_regret (benchmarks/default_regret.py): the default plan vs what a user has without us ---
+
+
+def default_regret_section(d: dict) -> str:
+    """Each arm's settings and target loss, the paired differences (the regrets relative, in %) and
+    the issue's verdicts, recomputed here from the intervals."""
+    from default_regret import verdicts
+    from joint_regret import direction
+
+    s = d["setting"]
+    rows = []
+    for n, t in d["targets"].items():
+        hp, m = t["hyperparameters"], t["mean"]
+        rows.append(
+            [
+                f"({n}) {t['name']}",
+                *[g(hp[k], ".4g") for k in ("lr", "output_mult", "init_std", "warmup_steps")],
+                "—" if not m else f"{m['mean']:.4f} [{g(m['lo'], '.4f')}, {g(m['hi'], '.4f')}]",
+                ", ".join(g(x, ".4f") for x in t["losses"]),
+            ]
+        )
+    cmp_rows = []
+    for k, p in d["paired"].items():
+        if not p:
+            continue
+        if k.startswith("regret"):
+            x = k.split("_")[1]
+            cmp_rows.append([f"({x}) vs (e), relative: regret", _pm(p, "+.2f", 100.0) + " %", p["n"], direction(*p["ci"])])
+        else:
+            cmp_rows.append([f"({k[0]}) − ({k[2]})", _pm(p), p["n"], direction(*p["ci"])])
+    parts = d.get("parts_done", {})
+    return (
+        f"\nllama, depth {s['depth']}, head size {s['head_dim']}, µP base width {s['ladder'][0]}; ladder widths {s['ladder']}, target "
+        f"width {s['target']} ({s['target'] // s['ladder'][-1]}× the widest swept); {s['steps']} steps, batch {s['batch']} × seq "
+        f"{s['seq']}, weight decay {g(s['wd'])}, warmup {s['warmup']}. (a), (b): the product's LR-grid sweep and plan "
+        f"({len(s['grid_lrs'])} LRs × {len(s['grid_seeds'])} seeds + {s['noise_seeds']} replicates per width, formula prior as "
+        f"`hpt run` makes it), at the package defaults (a) or the family's (b). (c): SP LR grid at the target on seeds "
+        f"{s['select_seeds']}, best scored on others. (d): SP at Step Law's LR {g(d.get('step_law_lr'))}. (e): Optuna TPE at the "
+        f"target, {s['direct_trials']} trials on seed {s['direct_seed']} over "
+        + ", ".join(f"{k} [{g(a)}, {g(b)}]" for k, (a, b) in s["box"].items())
+        + f", its best re-scored. Every target run on seeds {s['score_seeds']}, paired by seed.\n\n"
+        + md_table(["arm", "lr", "output_mult", "init_std", "warmup_steps", "target loss [95% t]", "per seed"], rows)
+        + "\n\n"
+        + md_table(["paired difference (lower is better)", "mean [95% t]", "n", "verdict"], cmp_rows)
+        + "\n\nVerdicts, from the intervals:\n\n"
+        + "\n".join(f"- {k}: **{x}**" for k, x in verdicts(d["paired"]).items())
+        + (
+            ""
+            if d.get("complete")
+            else "\n\n**Incomplete** (`complete: false`): not yet run: "
+            + (", ".join(k for k, v in parts.items() if not v) or "some runs")
+            + "; rerun the command: the cache resumes it."
+        )
+        + "\n"
+    )
+
+
+SECTIONS["default_regret"] = default_regret_section
 
 
 # --- axes_regret (benchmarks/axes_regret.py): width-only vs multi-axis vs the free formulas ---

@@ -78,6 +78,7 @@ def run_seed(spec: dict, seed: int, work: Path) -> dict:
         "predicted_target_loss": diag.get("predicted_target_loss"),
         "predicted_target_loss_interval": diag.get("predicted_target_loss_interval"),
         "transferred_lr": plan.hps.lr,
+        "hyperparameters": {k: plan.hps.as_dict()[k] for k in ("lr", "output_mult", "init_std", "warmup_steps")},
         "fast_transfer": diag.get("fast_transfer"),
         "check": check,
         "console_lines": console_lines,
@@ -89,13 +90,28 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
     ap.add_argument("--spec", type=Path, default=ROOT / "search_spaces" / "quickstart.yaml")
     ap.add_argument("--work", type=Path, default=Path("/tmp/hpt_quickstart_bench"), help="study folders (kept for inspection)")
-    ap.add_argument("--out", type=Path, default=RESULTS / "quickstart.json")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="result JSON (default: results/quickstart.json; with --hp-defaults package: quickstart_package_defaults.json)",
+    )
+    ap.add_argument(
+        "--hp-defaults",
+        choices=["family", "package"],
+        default=None,
+        help="set model.hp_defaults in the spec copy (package: the quickstart as it ran before issue 36's family defaults)",
+    )
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = RESULTS / ("quickstart_package_defaults.json" if args.hp_defaults == "package" else "quickstart.json")
     from hptransfer.io import write_json
 
     from common import machine_info
 
     spec = yaml.safe_load(args.spec.read_text())
+    if args.hp_defaults:
+        spec["model"] = {**spec.get("model", {}), "hp_defaults": args.hp_defaults}
     machine = machine_info(
         argv=[Path(__file__).name, *(argv if argv is not None else sys.argv[1:])],
         note="2-core VM; nothing else ran during the timing",
@@ -128,7 +144,11 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "machine": machine,
         "date": machine["date_utc"],
-        "command": ".venv/bin/python benchmarks/quickstart.py" + (f" --seeds {args.seeds}" if args.seeds != "0,1,2" else ""),
+        "command": ".venv/bin/python benchmarks/quickstart.py"
+        + (f" --seeds {args.seeds}" if args.seeds != "0,1,2" else "")
+        + (f" --hp-defaults {args.hp_defaults}" if args.hp_defaults else ""),
+        "hp_defaults": args.hp_defaults or "family",
+        "hyperparameters": [r.get("hyperparameters") for r in runs],
         "runs": runs,
         "wall_s": round(time.perf_counter() - t0, 1),
     }

@@ -35,6 +35,7 @@ def test_the_script_list_is_what_the_readme_expects():
         "make_benchmarks_md",
         "depth_regret",
         "joint_regret",
+        "default_regret",
     } <= set(SCRIPTS)
 
 
