@@ -205,22 +205,38 @@ def test_axis_rows_stay_out_of_the_width_fits():
     assert plan.diagnostics.trials_by_width["32"]["ok"] == len(GRID) * 3
 
 
-def test_an_axis_law_too_uncertain_at_the_target_is_bounded_toward_the_prior():
-    """Steps 50/100/200 with the 200-step optimum on a noisy dip: the fitted factor's interval at 4×
-    the horizon spans far more than ×/÷2, so the value in it nearest the prior's factor is used."""
-    from hptransfer.transfer.axes import axis_law
+def test_an_axis_law_wider_than_its_prior_uses_the_prior_and_says_so():
+    """Issue 37 item 4: steps 50/100/200 with the 200-step optimum on a noisy dip: the exponent's 95%
+    interval is wider than the prior's range [-0.5, 0], so the fit says less than the prior: the prior's
+    factor is used, the fit kept on record, and a warning says so. A tight fit stays the fit."""
+    from hptransfer.transfer.axes import axis_law, axis_warnings
 
     x = [math.log(0.036), math.log(0.046), math.log(0.244)]
     law = axis_law("steps", [50, 100, 200], x, [0.35, 0.35, 0.35], [None] * 3, 100, 400)
-    assert law["bounded"] and law["factor_fitted"] > 4
-    lo, hi = law["factor_interval"]
-    assert hi / lo > 4 and law["factor"] == pytest.approx(min(max(4 ** PRIORS["steps"].exponent, lo), hi))
-    wide = axis_law("steps", [50, 100, 200], x, [1.0] * 3, [None] * 3, 100, 400)  # the prior inside: the prior
-    assert wide["factor"] == pytest.approx(4 ** PRIORS["steps"].exponent)
+    lo, hi = law["exponent_ci"]
+    p_lo, p_hi = PRIORS["steps"].range
+    assert hi - lo > p_hi - p_lo and law["wider_than_prior"] and law["basis"] == "prior"
+    assert law["factor"] == pytest.approx(4 ** PRIORS["steps"].exponent) and law["factor_fitted"] > 4
+    assert law["exponent_fitted"] == pytest.approx(math.log(0.244 / 0.036) / math.log(4), rel=0.3)
+    assert any("wider than the prior's range" in w for w in axis_warnings(law))
     tight = axis_law(
         "steps", [50, 100, 200], [math.log(0.05 * (v / 100) ** -0.5) for v in (50, 100, 200)], [0.05] * 3, [None] * 3, 100, 400
     )
-    assert "bounded" not in tight and tight["factor"] == pytest.approx(0.5)
+    assert tight["basis"] == "fit" and "wider_than_prior" not in tight and tight["factor"] == pytest.approx(0.5)
+
+
+def test_an_axis_law_too_uncertain_far_from_its_values_is_bounded_toward_the_prior():
+    """A fit narrower than the prior's range can still be too uncertain 64× beyond its base: its factor's
+    interval spans more than ×/÷2, so the value in it nearest the prior's factor is used."""
+    from hptransfer.transfer.axes import axis_law
+
+    b = -0.3
+    x = [math.log(0.05 * (v / 100) ** b) + w for v, w in zip((50, 100, 200), (0.02, -0.04, 0.02))]
+    law = axis_law("steps", [50, 100, 200], x, [0.1] * 3, [None] * 3, 100, 6400)
+    lo, hi = law["exponent_ci"]
+    assert hi - lo < 0.5 and law["basis"] == "fit" and law["bounded"]
+    f_lo, f_hi = law["factor_interval"]
+    assert f_hi / f_lo > 4 and law["factor"] == pytest.approx(min(max(64 ** PRIORS["steps"].exponent, f_lo), f_hi))
 
 
 def test_hpt_run_until_names_the_stages_it_can_stop_after(tmp_path):

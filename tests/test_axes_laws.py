@@ -34,7 +34,7 @@ def test_the_factor_interval_takes_the_exponents_quantile():
     assert (hi - lo) / 2 == pytest.approx(t * law["exponent_se"], rel=1e-9)
     f_lo, f_hi = law["factor_interval"]
     assert math.log(f_lo) / shift == pytest.approx(lo, rel=1e-9) and math.log(f_hi) / shift == pytest.approx(hi, rel=1e-9)
-    assert law["bounded"]  # as wide as it is, it is too wide to trust: the guard sees it
+    assert law["wider_than_prior"] and law["basis"] == "prior"  # as wide as it is, it says less than the prior
 
 
 def test_a_birge_ratio_needs_degrees_of_freedom():

@@ -16,7 +16,8 @@ What an axis gets, by how many of its values the table has:
 - 1 (the base alone): "cannot tell": the documented prior exponent (PRIORS, with its source) and a
   warning when the target differs from the base;
 - 2: the two-point slope, "undecided" (no residual freedom to check the law: as the width verdicts);
-- 3 or more: "fitted", with the slope's 95% interval.
+- 3 or more: "fitted", with the slope's 95% interval; a fit whose interval is wider than the prior's
+  range says less than the prior and is replaced by it (kept on record as exponent_fitted), said as such.
 Pure: numpy, pandas and the fitting helpers.
 """
 
@@ -161,7 +162,20 @@ def axis_law(axis: str, values, x, se, censored, base_value: int, target_value: 
     else:
         out["factor_interval"] = None
     fi = out["factor_interval"]
-    if out["basis"] == "fit" and fi and fi[1] / fi[0] > MAX_FACTOR_SPREAD**2:
+    ci, (p_lo, p_hi) = out.get("exponent_ci"), prior.range
+    if out["basis"] == "fit" and ci and p_hi > p_lo and ci[1] - ci[0] > p_hi - p_lo:
+        # The fit says less than the prior already does (issue 37 item 4): its 95% interval is wider
+        # than the range the sources allow. The prior is used, said as such; the fit stays on record.
+        # (A point prior — depth's — has no range to compare with: the factor guard below governs.)
+        out.update(
+            basis="prior",
+            wider_than_prior=True,
+            exponent_fitted=out["exponent"],
+            factor_fitted=out["factor"],
+            exponent=prior.exponent,
+            factor=math.exp(prior.exponent * shift),
+        )
+    elif out["basis"] == "fit" and fi and fi[1] / fi[0] > MAX_FACTOR_SPREAD**2:
         # Too uncertain to trust its midpoint: the value in the interval nearest the prior's move
         # (the prior itself when inside) — the least the evidence demands, as power-law's bound.
         prior_factor = math.exp(prior.exponent * shift)
@@ -186,6 +200,13 @@ def axis_warnings(law: dict) -> list[str]:
     elif law["verdict"] == "undecided":
         out.append(f"{LABEL[a]} law undecided: {law['reason']}")
     fi = law.get("factor_interval")
+    if law.get("wider_than_prior"):
+        lo, hi = law["exponent_ci"]
+        out.append(
+            f"the {LABEL[a]} fit (exponent {law['exponent_fitted']:+.3g}, 95% interval [{lo:+.3g}, {hi:+.3g}]) is wider than "
+            f"the prior's range [{law['prior_range'][0]:+g}, {law['prior_range'][1]:+g}]: it says less than the prior, so the "
+            f"prior was used (LR × {law['factor']:.3g}, exponent {law['exponent']:+g}); add seeds or values of {a} to measure it"
+        )
     if law.get("bounded"):
         out.append(
             f"the {LABEL[a]} law is uncertain at {a}={t}: its factor's 95% interval ×{fi[0]:.3g}–×{fi[1]:.3g} (fit ×"
