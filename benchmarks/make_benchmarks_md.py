@@ -896,8 +896,9 @@ def default_regret_section(d: dict) -> str:
             [
                 f"({n}) {t['name']}",
                 *[g(hp[k], ".4g") for k in ("lr", "output_mult", "init_std", "warmup_steps")],
-                "—" if not m else f"{m['mean']:.4f} [{g(m['lo'], '.4f')}, {g(m['hi'], '.4f')}]",
-                ", ".join(g(x, ".4f") for x in t["losses"]),
+                "—" if not m else f"{m['mean']:.4f} [{g(m['lo'], '.4f')}, {g(m['hi'], '.4f')}] (n={m['n']})",
+                ", ".join(g(x, ".4f") for x in t["losses"][:5])
+                + (f", … ({len(t['losses'])} seeds)" if len(t["losses"]) > 5 else ""),
             ]
         )
     cmp_rows = []
@@ -919,7 +920,9 @@ def default_regret_section(d: dict) -> str:
         f"{s['select_seeds']}, best scored on others. (d): SP at Step Law's LR {g(d.get('step_law_lr'))}. (e): Optuna TPE at the "
         f"target, {s['direct_trials']} trials on seed {s['direct_seed']} over "
         + ", ".join(f"{k} [{g(a)}, {g(b)}]" for k, (a, b) in s["box"].items())
-        + f", its best re-scored. Every target run on seeds {s['score_seeds']}, paired by seed.\n\n"
+        + f", its best re-scored. Every target run on seeds {s['score_seeds']}"
+        + (f"; (b) and (e) also on seeds up to {max(s['regret_seeds'])} for (b)'s regret" if s.get("regret_seeds") else "")
+        + ", paired by seed (each pair on the seeds both have).\n\n"
         + md_table(["arm", "lr", "output_mult", "init_std", "warmup_steps", "target loss [95% t]", "per seed"], rows)
         + "\n\n"
         + md_table(["paired difference (lower is better)", "mean [95% t]", "n", "verdict"], cmp_rows)

@@ -59,3 +59,40 @@ def test_a_bad_hp_defaults_names_the_field():
     with pytest.raises(SpecError) as e:
         _spec(model={"hp_defaults": "measured"})
     assert "model.hp_defaults" in str(e.value) and "measured" in str(e.value)
+
+
+def test_a_table_swept_before_the_family_defaults_names_the_setting_that_transfers_it():
+    """A study swept at the package defaults (before this version) and transferred now: its table's hash
+    is the spec's under hp_defaults: package, and the refusal says so and how to go on."""
+    import pandas as pd
+
+    from hptransfer.errors import ResultsError
+    from hptransfer.transfer.results import check_results_belong
+
+    spec, old = _spec(), _spec(model={"hp_defaults": "package"})
+    table = pd.DataFrame({"width": [16, 32], "lr": [0.03, 0.03], "spec_hash": [sweep_hash(old)] * 2})
+    with pytest.raises(ResultsError) as e:
+        check_results_belong(table, spec, sweep_hash(spec), "sweep_results.csv")
+    assert "model.hp_defaults: package" in str(e.value) and sweep_hash(old) in str(e.value)
+    check_results_belong(table, old, sweep_hash(old), "sweep_results.csv")  # transferred as it was swept
+    other = table.assign(spec_hash="0123456789abcdef")
+    with pytest.raises(ResultsError) as e:
+        check_results_belong(other, spec, sweep_hash(spec), "sweep_results.csv")
+    assert "hp_defaults" not in str(e.value) and "another sweep" in str(e.value)
+
+
+def test_a_sweep_stamped_before_the_family_defaults_is_named_in_the_resume_refusal():
+    """The sweep's resume check: the refusal names hp_defaults: package when the stamp is this spec's
+    sweep as the earlier version ran it, and says nothing more for any other sweep."""
+    from types import SimpleNamespace
+
+    from hptransfer.spec import package_defaults_sweep_hash
+    from hptransfer.sweep.runner import _old_defaults_hint
+
+    spec = _spec()
+    study = SimpleNamespace(spec=spec)
+    old = package_defaults_sweep_hash(spec)
+    assert old == sweep_hash(_spec(model={"hp_defaults": "package"}))
+    assert "model.hp_defaults: package" in _old_defaults_hint(study, f"{old}/ladder")
+    assert _old_defaults_hint(study, f"{sweep_hash(spec)}/ladder") == "" and _old_defaults_hint(study, "feedbeef/ladder") == ""
+    assert package_defaults_sweep_hash(parse_spec(tiny_spec_dict())) is None  # mlp: nothing was filled

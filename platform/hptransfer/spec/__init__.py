@@ -26,7 +26,15 @@ from hptransfer.spec.base import (
 from hptransfer.spec.data import DataSpec
 from hptransfer.spec.dp import DPSweepSpec, StudyDPConfig
 from hptransfer.spec.model import ModelSpec
-from hptransfer.spec.study import StudySpec, load_spec, parse_spec, spec_hash, sweep_hash
+from hptransfer.spec.study import (
+    PACKAGE_DEFAULTS_HINT,
+    StudySpec,
+    load_spec,
+    package_defaults_sweep_hash,
+    parse_spec,
+    spec_hash,
+    sweep_hash,
+)
 from hptransfer.spec.sweep import AxesSpec, CoordCheckSpec, OptunaSpec, SweepSpec
 from hptransfer.spec.target import TargetSpec, TransferSpec
 from hptransfer.spec.train import RaySpec, TrackingSpec, TrainSpec
@@ -39,6 +47,7 @@ __all__ = [
     "MAX_SEED",
     "MAX_STEPS",
     "MAX_WIDTH",
+    "PACKAGE_DEFAULTS_HINT",
     "RULE_NAMES",
     "RULE_TRAINING",
     "TUNABLE",
@@ -62,6 +71,7 @@ __all__ = [
     "TransferSpec",
     "WeightDecayScaling",
     "load_spec",
+    "package_defaults_sweep_hash",
     "parse_spec",
     "rule_training",
     "spec_hash",

@@ -276,5 +276,26 @@ def sweep_hash(spec: StudySpec, training: RuleTraining | None = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def package_defaults_sweep_hash(spec: StudySpec) -> str | None:
+    """The sweep hash this spec had before the family defaults (issue 36 item 1): the same spec at
+    model.hp_defaults: package without the values they filled; None where they filled nothing. Lets
+    a sweep or a table made by an earlier version be named as such, with the setting that keeps it."""
+    from hptransfer.family_defaults import family_defaults
+
+    d = family_defaults(spec.model.family, spec.model.parametrization)
+    if d is None or spec.model.hp_defaults != "family":
+        return None
+    raw = spec.model_dump(mode="json")
+    raw["model"]["hp_defaults"] = "package"
+    raw["sweep"]["fixed"] = {k: v for k, v in raw["sweep"]["fixed"].items() if d.values.get(k) != v}
+    return sweep_hash(parse_spec(raw))
+
+
+PACKAGE_DEFAULTS_HINT = (
+    "it was swept at the package defaults (output_mult 1, init_std 0.02) before this version filled the family's "
+    "measured defaults into sweep.fixed: set `model.hp_defaults: package` to keep it as it was swept"
+)
+
+
 def spec_hash(spec: StudySpec) -> str:
     return hashlib.sha256(spec.model_dump_json(exclude=_unset_later_fields(spec)).encode()).hexdigest()[:16]

@@ -28,7 +28,7 @@ import pandas as pd
 from hptransfer.errors import SweepError
 from hptransfer.io import write_atomic, write_checked
 from hptransfer.layout import SWEEP_EXPERIMENT
-from hptransfer.spec import StudySpec
+from hptransfer.spec import PACKAGE_DEFAULTS_HINT, StudySpec, package_defaults_sweep_hash
 
 if TYPE_CHECKING:
     from hptransfer.context import StudyContext
@@ -143,6 +143,13 @@ def _error_line(r) -> str:
     return " | ".join(lines[i : i + 4])[:300]
 
 
+def _old_defaults_hint(study: StudyContext, stamp: str) -> str:
+    """ "; <why>" when the stamped sweep is this spec's as an earlier version ran it (issue 36 item 1)."""
+    spec = getattr(study, "spec", None)
+    old = package_defaults_sweep_hash(spec) if isinstance(spec, StudySpec) else None
+    return f"; {PACKAGE_DEFAULTS_HINT}" if old is not None and stamp.startswith(old) else ""
+
+
 def run_sweep_task(study: StudyContext, task: SweepTask, *, restart: bool = False, log=print) -> tuple[pd.DataFrame, Any]:
     """Run (or resume) a sweep; returns its results table (also written to `task.results_path`) and
     Tune's ResultGrid."""
@@ -171,6 +178,7 @@ def run_sweep_task(study: StudyContext, task: SweepTask, *, restart: bool = Fals
             if stamp.exists() and stamp.read_text().strip() != task.fingerprint:
                 raise SweepError(
                     f"{exp_dir} holds a sweep of a different spec; rerun with --restart to start over, or use another --study-dir"
+                    + _old_defaults_hint(study, stamp.read_text().strip())
                 )
             log(f"resuming the sweep in {exp_dir} (finished trials are kept; --restart starts over)")
             try:

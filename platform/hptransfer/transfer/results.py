@@ -14,7 +14,16 @@ import pandas as pd
 
 from hptransfer.errors import ResultsError
 from hptransfer.hyperparameters import LOG_SCALE, TUNABLE
-from hptransfer.spec import MAX_SEED, MAX_WIDTH, RULE_TRAINING, StudySpec, parse_spec, rule_training
+from hptransfer.spec import (
+    MAX_SEED,
+    MAX_WIDTH,
+    PACKAGE_DEFAULTS_HINT,
+    RULE_TRAINING,
+    StudySpec,
+    package_defaults_sweep_hash,
+    parse_spec,
+    rule_training,
+)
 from hptransfer.spec import sweep_hash as sweep_hash_of
 from hptransfer.transfer.axes import (
     AXES,
@@ -141,7 +150,7 @@ def check_results_belong(results: pd.DataFrame, spec: StudySpec, sweep_hash: str
     problems = []
     if "spec_hash" in results.columns and sweep_hash is not None:
         found = sorted({str(h) for h in results["spec_hash"].dropna().unique()} - {sweep_hash})
-        trained = _trained_otherwise(spec, found)
+        trained = _trained_otherwise(spec, found) or _swept_at_package_defaults(spec, found)
         if trained:
             problems.append(trained)
         elif found:
@@ -194,6 +203,18 @@ def _trained_otherwise(spec: StudySpec, hashes: list[str]) -> str | None:
             f"a rule with {theirs} scaling ({', '.join(rules)})"
         )
     return None
+
+
+def _swept_at_package_defaults(spec: StudySpec, hashes: list[str]) -> str | None:
+    """The problem to report when `hashes` are this spec's sweep as an earlier version ran it, before
+    the family defaults filled sweep.fixed (issue 36 item 1)."""
+    h = package_defaults_sweep_hash(spec)
+    if h is None or h not in hashes:
+        return None
+    return (
+        f"the table's trials (spec_hash {h}) do not match this spec's: {PACKAGE_DEFAULTS_HINT}, or re-sweep "
+        "(`hpt sweep SPEC --study-dir DIR --restart`) at the new defaults; a plan would assume trials the sweep did not run"
+    )
 
 
 def optima_by_width(results: pd.DataFrame, tuned: list[str], pool_widths: bool = False) -> dict[int, dict[str, OptimumFit]]:
