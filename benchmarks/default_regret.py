@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict:
     save_figure(jr._figure(out), png)
     out["figure"] = str(png.relative_to(ROOT)) if png.is_relative_to(ROOT) else str(png)
     write_json(out_path, jr._finite(out))
-    _print(out)
+    jr._print(out)
     print(f"wrote {out_path} and {png}")
     return out
 
@@ -199,19 +199,6 @@ def verdicts(cmp: dict) -> dict:
         "(b) vs (c) SP tuned at the target (goal: not worse)": g("b-c"),
         "(b) vs (d) Step Law's LR (goal: not worse)": g("b-d"),
     }
-
-
-def _print(out: dict) -> None:
-    for n, t in out["targets"].items():
-        m, hp = t["mean"], t["hyperparameters"]
-        hps = ", ".join(f"{k} {hp[k]:.4g}" for k in ("lr", "output_mult", "init_std", "warmup_steps"))
-        print(f"({n}) {t['name']}: {hps}: loss {m['mean']:.4f} [{m['lo']:.4f}, {m['hi']:.4f}]" if m and m["lo"] else f"({n}) —")
-    for k, p in out["paired"].items():
-        if p:
-            print(f"{k}: {p['mean']:+.4f} [{p['ci'][0]:+.4f}, {p['ci'][1]:+.4f}] (n={p['n']}) {p['verdict']}")
-    for k, v in out["verdicts"].items():
-        print(f"{k}: {v}")
-    print(f"complete: {out['complete']} ({out['parts_done']})")
 
 
 if __name__ == "__main__":

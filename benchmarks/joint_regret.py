@@ -553,7 +553,8 @@ def _print(out: dict) -> None:
         m = t["mean"]
         hp = ", ".join(f"{k} {t['hyperparameters'][k]:.4g}" for k in ("lr", "output_mult", "init_std", "warmup_steps"))
         ci = f" [{m['lo']:.4f}, {m['hi']:.4f}]" if m and m["lo"] is not None else ""
-        print(f"({n}) {t['name']}: {hp}: loss {m['mean']:.4f}{ci} over seeds {t['seeds']}" if m else f"({n}): —")
+        seeds = t["seeds"] if len(t["seeds"]) <= 5 else f"{t['seeds'][0]}–{t['seeds'][-1]} ({len(t['seeds'])})"
+        print(f"({n}) {t['name']}: {hp}: loss {m['mean']:.4f}{ci} over seeds {seeds}" if m else f"({n}): —")
     for k, p in out["paired"].items():
         if p:
             print(f"{k}: {p['mean']:+.4f} [{p['ci'][0]:+.4f}, {p['ci'][1]:+.4f}] (n={p['n']}) {p['verdict']}")

@@ -797,36 +797,67 @@ def _per_width(c: dict | None) -> str:
     return "—" if not c else "/".join(str(v) for v in c["trials"].values())
 
 
+def _arm_rows(targets: dict) -> list[list]:
+    """One row per arm: its settings, its target loss [95% t] (n) and its first per-seed losses."""
+    rows = []
+    for n, t in targets.items():
+        hp, m = t["hyperparameters"], t["mean"]
+        per = ", ".join(g(x, ".4f") for x in t["losses"][:5]) + (
+            f", … ({len(t['losses'])} seeds)" if len(t["losses"]) > 5 else ""
+        )
+        ci = (
+            "—"
+            if not m
+            else f"{m['mean']:.4f} [{g(m['lo'], '.4f')}, {g(m['hi'], '.4f')}]" + (f" (n={m['n']})" if m.get("n") else "")
+        )
+        rows.append(
+            [f"({n}) {t['name']}", *[g(hp[k], ".4g") for k in ("lr", "output_mult", "init_std", "warmup_steps")], ci, per]
+        )
+    return rows
+
+
+def _cmp_rows(paired: dict, regret_label) -> list[list]:
+    """One row per paired difference: a loss difference, or a relative regret in % (keys `regret_*`,
+    labelled by regret_label(key)), with n and the verdict read from its interval."""
+    from joint_regret import direction
+
+    rows = []
+    for k, p in paired.items():
+        if p:
+            rel = k.startswith("regret")
+            label = regret_label(k) if rel else f"({k[0]}) − ({k[2]})"
+            rows.append([label, _pm(p, "+.2f", 100.0) + " %" if rel else _pm(p), p["n"], direction(*p["ci"])])
+    return rows
+
+
+def _tables_and_verdicts(first: str, rows: list, cmp_rows: list, verdict_items: dict, d: dict) -> str:
+    """The arm table, the paired table, the verdicts and, for a partial result, what is missing."""
+    parts = d.get("parts_done", {})
+    return (
+        md_table([first, "lr", "output_mult", "init_std", "warmup_steps", "target loss [95% t]", "per seed"], rows)
+        + "\n\n"
+        + md_table(["paired difference (lower is better)", "mean [95% t]", "n", "verdict"], cmp_rows)
+        + "\n\nVerdicts, from the intervals:\n\n"
+        + "\n".join(f"- {k}: **{x}**" for k, x in verdict_items.items())
+        + (
+            ""
+            if d.get("complete")
+            else "\n\n**Incomplete** (`complete: false`): not yet run: "
+            + (", ".join(k for k, v in parts.items() if not v) or "some runs")
+            + "; rerun the command: the cache resumes it."
+        )
+        + "\n"
+    )
+
+
 def joint_regret_section(d: dict) -> str:
     """Each plan's settings and target loss (95% t over seeds), the paired differences, and the
     verdicts recomputed here from those intervals."""
-    from joint_regret import direction, verdicts
+    from joint_regret import verdicts
 
     s = d["setting"]
-    rows = []
-    for n, t in d["targets"].items():
-        hp, m = t["hyperparameters"], t["mean"]
-        rows.append(
-            [
-                f"({n}) {t['name']}",
-                *[g(hp[k], ".4g") for k in ("lr", "output_mult", "init_std", "warmup_steps")],
-                "—" if not m else f"{m['mean']:.4f} [{g(m['lo'], '.4f')}, {g(m['hi'], '.4f')}]",
-                ", ".join(g(x, ".4f") for x in t["losses"]),
-            ]
-        )
-    cmp_rows = []
-    for k, p in d["paired"].items():
-        if not p:
-            continue
-        rel = k.startswith("regret")
-        cmp_rows.append(
-            [
-                "(b) − (d), relative: regret against a direct joint search" if rel else f"({k[0]}) − ({k[2]})",
-                _pm(p, "+.2f", 100.0) + " %" if rel else _pm(p),
-                p["n"],
-                direction(*p["ci"]),
-            ]
-        )
+    rows = _arm_rows(d["targets"])
+    cmp_rows = _cmp_rows(d["paired"], lambda k: "(b) − (d), relative: regret against a direct joint search")
     lad = d["ladders"]
     comp = d.get("compute", {})
     opt = (lad.get("joint") or {}).get("sweep", {}).get("optuna") or {}
@@ -836,7 +867,6 @@ def joint_regret_section(d: dict) -> str:
         fits.append(
             f"width {w}: " + (f"fallback to the best point ({first['fallback']})" if first.get("fallback") else "joint fit")
         )
-    parts = d.get("parts_done", {})
     ds, dnote = d.get("direct_search") or {}, ""
     if "d" not in d["targets"]:
         done = len(ds.get("trials", []))
@@ -860,19 +890,7 @@ def joint_regret_section(d: dict) -> str:
         + "."
         + dnote
         + "\n\n"
-        + md_table(["plan", "lr", "output_mult", "init_std", "warmup_steps", "target loss [95% t]", "per seed"], rows)
-        + "\n\n"
-        + md_table(["paired difference (lower is better)", "mean [95% t]", "n", "verdict"], cmp_rows)
-        + "\n\nVerdicts, from the intervals:\n\n"
-        + "\n".join(f"- {k}: **{x}**" for k, x in verdicts(d["paired"]).items())
-        + (
-            ""
-            if d.get("complete")
-            else "\n\n**Incomplete** (`complete: false`): not yet run: "
-            + (", ".join(k for k, v in parts.items() if not v) or "some runs")
-            + "; rerun the command: the cache resumes it."
-        )
-        + "\n"
+        + _tables_and_verdicts("plan", rows, cmp_rows, verdicts(d["paired"]), d)
     )
 
 
@@ -886,31 +904,10 @@ def default_regret_section(d: dict) -> str:
     """Each arm's settings and target loss, the paired differences (the regrets relative, in %) and
     the issue's verdicts, recomputed here from the intervals."""
     from default_regret import verdicts
-    from joint_regret import direction
 
     s = d["setting"]
-    rows = []
-    for n, t in d["targets"].items():
-        hp, m = t["hyperparameters"], t["mean"]
-        rows.append(
-            [
-                f"({n}) {t['name']}",
-                *[g(hp[k], ".4g") for k in ("lr", "output_mult", "init_std", "warmup_steps")],
-                "—" if not m else f"{m['mean']:.4f} [{g(m['lo'], '.4f')}, {g(m['hi'], '.4f')}] (n={m['n']})",
-                ", ".join(g(x, ".4f") for x in t["losses"][:5])
-                + (f", … ({len(t['losses'])} seeds)" if len(t["losses"]) > 5 else ""),
-            ]
-        )
-    cmp_rows = []
-    for k, p in d["paired"].items():
-        if not p:
-            continue
-        if k.startswith("regret"):
-            x = k.split("_")[1]
-            cmp_rows.append([f"({x}) vs (e), relative: regret", _pm(p, "+.2f", 100.0) + " %", p["n"], direction(*p["ci"])])
-        else:
-            cmp_rows.append([f"({k[0]}) − ({k[2]})", _pm(p), p["n"], direction(*p["ci"])])
-    parts = d.get("parts_done", {})
+    rows = _arm_rows(d["targets"])
+    cmp_rows = _cmp_rows(d["paired"], lambda k: f"({k.split('_')[1]}) vs (e), relative: regret")
     return (
         f"\nllama, depth {s['depth']}, head size {s['head_dim']}, µP base width {s['ladder'][0]}; ladder widths {s['ladder']}, target "
         f"width {s['target']} ({s['target'] // s['ladder'][-1]}× the widest swept); {s['steps']} steps, batch {s['batch']} × seq "
@@ -923,19 +920,7 @@ def default_regret_section(d: dict) -> str:
         + f", its best re-scored. Every target run on seeds {s['score_seeds']}"
         + (f"; (b) and (e) also on seeds up to {max(s['regret_seeds'])} for (b)'s regret" if s.get("regret_seeds") else "")
         + ", paired by seed (each pair on the seeds both have).\n\n"
-        + md_table(["arm", "lr", "output_mult", "init_std", "warmup_steps", "target loss [95% t]", "per seed"], rows)
-        + "\n\n"
-        + md_table(["paired difference (lower is better)", "mean [95% t]", "n", "verdict"], cmp_rows)
-        + "\n\nVerdicts, from the intervals:\n\n"
-        + "\n".join(f"- {k}: **{x}**" for k, x in verdicts(d["paired"]).items())
-        + (
-            ""
-            if d.get("complete")
-            else "\n\n**Incomplete** (`complete: false`): not yet run: "
-            + (", ".join(k for k, v in parts.items() if not v) or "some runs")
-            + "; rerun the command: the cache resumes it."
-        )
-        + "\n"
+        + _tables_and_verdicts("arm", rows, cmp_rows, verdicts(d["paired"]), d)
     )
 
 
