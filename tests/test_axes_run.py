@@ -92,7 +92,11 @@ def test_hpt_run_with_axes_end_to_end(tmp_path):
         n = sum(interior.values())
         want = "cannot tell" if n < 2 else ("undecided" if len(interior) == 2 else "fitted")
         assert law["verdict"] == want, (axis, law["verdict"], interior)
-        assert law["basis"] == ("prior" if want == "cannot tell" else "fit")
+        # A fit whose interval is wider than the prior's range gives way to the prior (issue 37 item 4).
+        wide = law.get("exponent_ci") is not None and law["prior_range"][1] > law["prior_range"][0]
+        wide = wide and law["exponent_ci"][1] - law["exponent_ci"][0] > law["prior_range"][1] - law["prior_range"][0]
+        assert law["basis"] == ("prior" if want == "cannot tell" or wide else "fit"), (axis, law)
+        assert law.get("wider_than_prior", False) == (want != "cannot tell" and wide), (axis, law)
         if want != "cannot tell":
             assert law["n_bounds"] == len(interior) - n
     assert laws["steps"]["values"] == [6, 12, 24] and laws["batch_size"]["values"] == [4, 8]
